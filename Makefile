@@ -1,0 +1,109 @@
+# gpufleet.mps - development entry points. `make test` is what CI runs (.ci/run), from a fresh clone.
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := $(CURDIR)/.venv
+VPY := $(VENV)/bin/python
+SIMHOST := $(CURDIR)/.simhost
+# ansible-test needs the collection at a real .../ansible_collections/gpufleet/mps path outside this
+# git checkout (it lists files from the nearest .git up the tree).
+TEST_ROOT ?= /tmp/gpufleet-mps-test-$(shell printf '%s' '$(CURDIR)' | md5sum | cut -c1-8)
+COLL := $(TEST_ROOT)/ansible_collections/gpufleet/mps
+ANSIBLE_TEST := $(VENV)/bin/ansible-test
+# ansible-test's venvs see the repository's collections only through this path.
+export ANSIBLE_COLLECTIONS_PATH := $(TEST_ROOT)
+# Tools call each other by name (antsibull-docs runs ansible-doc, ansible-lint runs ansible).
+export PATH := $(VENV)/bin:$(PATH)
+
+.PHONY: help
+help:
+	@echo 'make test       everything CI runs: sanity, units, integration, lint, docs, fakes, molecule'
+	@echo 'make simhost    build the simulated GPU host into .simhost/ (then: . .simhost/env)'
+	@echo 'make venv       create .venv from requirements-dev.txt (exact pins)'
+	@echo 'make sanity | units | integration | lint | changelog-lint | docs-lint | test-fakes'
+	@echo 'make clean      remove .simhost and the copied collection tree'
+
+# --- environment ------------------------------------------------------------------------------
+.PHONY: deps venv
+deps:
+	hacking/install-deps.sh
+
+venv: $(VENV)/.installed
+$(VENV)/.installed: requirements-dev.txt
+	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	touch $@
+
+# ansible-test bootstraps pip in each venv it makes with a script it downloads from a host that is
+# not reachable offline (ansible/ansible#77304); it uses a cached copy when present.
+GET_PIP_VERSION = $(shell grep -oP "pip='\K[0-9.]+" $$($(VPY) -c 'import ansible_test, os; print(os.path.dirname(ansible_test.__file__))')/_internal/python_requirements.py)
+.PHONY: ansible-test-bootstrap
+ansible-test-bootstrap: venv
+	mkdir -p $(HOME)/.ansible/test/cache
+	install -m 0644 hacking/get_pip_standin.py $(HOME)/.ansible/test/cache/get_pip_$(subst .,_,$(GET_PIP_VERSION)).py
+
+# --- simulated GPU host -----------------------------------------------------------------------
+NVML_INCLUDE = $(shell $(VPY) -c 'import glob, os, sysconfig; print(os.path.dirname(sorted(glob.glob(sysconfig.get_paths()["purelib"] + "/nvidia/*/include/nvml.h"))[-1]))')
+
+.PHONY: simhost simhost-reset
+simhost: deps venv
+	$(MAKE) -C tests/fakes/nvml OUT=$(SIMHOST)/lib NVML_INCLUDE=$(NVML_INCLUDE)
+	mkdir -p $(SIMHOST)/bin
+	printf '#!/bin/sh\nexec "%s" "%s" "$$@"\n' $(VPY) $(CURDIR)/tests/fakes/mps/mps_sim.py > $(SIMHOST)/bin/nvidia-cuda-mps-control
+	printf '#!/bin/sh\nexec "%s" "%s" "$$@"\n' $(VPY) $(CURDIR)/tests/fakes/mps/mps_client.py > $(SIMHOST)/bin/mps-sim-client
+	chmod 0755 $(SIMHOST)/bin/*
+	test -f $(SIMHOST)/nvml.ini || cp tests/fakes/nvml/configs/h100x4.ini $(SIMHOST)/nvml.ini
+	{ echo '# Simulated GPU host (make simhost). Use: . .simhost/env'; \
+	  echo 'export GPUFLEET_SIMHOST="$(SIMHOST)"'; \
+	  echo 'export PATH="$(SIMHOST)/bin:$(VENV)/bin:$$PATH"'; \
+	  echo 'export LD_LIBRARY_PATH="$(SIMHOST)/lib$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH}"'; \
+	  echo 'export FAKE_NVML_CONFIG="$${FAKE_NVML_CONFIG:-$(SIMHOST)/nvml.ini}"'; \
+	} > $(SIMHOST)/env
+
+# Back to the pristine 4-GPU host (compute modes are written into nvml.ini by the fake).
+simhost-reset:
+	rm -f $(SIMHOST)/nvml.ini
+	$(MAKE) simhost
+
+# --- tests --------------------------------------------------------------------------------------
+.PHONY: test collection sanity units integration lint changelog-lint docs-lint test-fakes molecule
+test: changelog-lint test-fakes sanity units integration lint docs-lint molecule
+	@echo 'make test: all passed'
+
+collection: venv
+	hacking/collection-tree.sh $(TEST_ROOT) >/dev/null
+
+sanity: collection ansible-test-bootstrap deps
+	cd $(COLL) && $(ANSIBLE_TEST) sanity --python 3.11 --color no --venv --requirements
+
+units: collection ansible-test-bootstrap
+	if [ -d tests/unit ]; then cd $(COLL) && $(ANSIBLE_TEST) units --python 3.11 --color no --venv --requirements; \
+	else echo 'units: no tests/unit yet'; fi
+
+integration: collection ansible-test-bootstrap simhost
+	if ls tests/integration/targets/*/ >/dev/null 2>&1; then \
+	  . $(SIMHOST)/env && cd $(COLL) && $(ANSIBLE_TEST) integration --python 3.11 --color no --local; \
+	else echo 'integration: no targets yet'; fi
+
+lint: venv
+	$(VENV)/bin/ansible-lint
+
+changelog-lint: venv
+	$(VENV)/bin/antsibull-changelog lint
+
+docs-lint: collection
+	$(VENV)/bin/antsibull-docs lint-collection-docs --plugin-docs $(COLL)
+
+test-fakes: simhost
+	. $(SIMHOST)/env && $(VPY) -m pytest -q -p no:cacheprovider tests/fakes tests/gpu
+
+molecule: simhost
+	if ls extensions/molecule/*/molecule.yml >/dev/null 2>&1; then \
+	  . $(SIMHOST)/env && cd extensions && $(VENV)/bin/molecule test --all; \
+	else echo 'molecule: no scenarios yet'; fi
+
+.PHONY: clean
+clean:
+	rm -rf $(SIMHOST) $(TEST_ROOT)

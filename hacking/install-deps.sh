@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Install the Debian packages the test suite needs, only those missing. Safe to run repeatedly.
+#   the shellcheck package - so ansible-test's shellcheck sanity test really runs instead of skipping
+#   gcc, make   - to build the fake libnvidia-ml.so.1
+set -euo pipefail
+
+declare -A need=(
+  [shellcheck]=shellcheck
+  [gcc]=gcc
+  [make]=make
+)
+
+missing=()
+for cmd in "${!need[@]}"; do
+  command -v "$cmd" >/dev/null 2>&1 || missing+=("${need[$cmd]}")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install-deps.sh: missing Debian packages: ${missing[*]} (run as root, or install them)" >&2
+  exit 1
+fi
+echo "install-deps.sh: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
