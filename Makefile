@@ -49,18 +49,8 @@ NVML_INCLUDE = $(shell $(VPY) -c 'import glob, os, sysconfig; print(os.path.dirn
 
 .PHONY: simhost simhost-reset
 simhost: deps venv
-	$(MAKE) -C tests/fakes/nvml OUT=$(SIMHOST)/lib NVML_INCLUDE=$(NVML_INCLUDE)
-	mkdir -p $(SIMHOST)/bin
-	printf '#!/bin/sh\nexec "%s" "%s" "$$@"\n' $(VPY) $(CURDIR)/tests/fakes/mps/mps_sim.py > $(SIMHOST)/bin/nvidia-cuda-mps-control
-	printf '#!/bin/sh\nexec "%s" "%s" "$$@"\n' $(VPY) $(CURDIR)/tests/fakes/mps/mps_client.py > $(SIMHOST)/bin/mps-sim-client
-	chmod 0755 $(SIMHOST)/bin/*
-	test -f $(SIMHOST)/nvml.ini || cp tests/fakes/nvml/configs/h100x4.ini $(SIMHOST)/nvml.ini
-	{ echo '# Simulated GPU host (make simhost). Use: . .simhost/env'; \
-	  echo 'export GPUFLEET_SIMHOST="$(SIMHOST)"'; \
-	  echo 'export PATH="$(SIMHOST)/bin:$(VENV)/bin:$$PATH"'; \
-	  echo 'export LD_LIBRARY_PATH="$(SIMHOST)/lib$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH}"'; \
-	  echo 'export FAKE_NVML_CONFIG="$${FAKE_NVML_CONFIG:-$(SIMHOST)/nvml.ini}"'; \
-	} > $(SIMHOST)/env
+	$(MAKE) -s -C tests/fakes/nvml OUT=$(SIMHOST)/lib NVML_INCLUDE=$(NVML_INCLUDE)
+	tests/fakes/make-simhost.sh $(SIMHOST) $(SIMHOST)/lib $(VPY)
 
 # Back to the pristine 4-GPU host (compute modes are written into nvml.ini by the fake).
 simhost-reset:
@@ -82,9 +72,12 @@ units: collection ansible-test-bootstrap
 	if [ -d tests/unit ]; then cd $(COLL) && $(ANSIBLE_TEST) units --python 3.11 --color no --venv --requirements; \
 	else echo 'units: no tests/unit yet'; fi
 
+# Targets lay out their own simulated hosts from these (tests/integration/targets/setup_simhost).
 integration: collection ansible-test-bootstrap simhost
 	if ls tests/integration/targets/*/ >/dev/null 2>&1; then \
-	  . $(SIMHOST)/env && cd $(COLL) && $(ANSIBLE_TEST) integration --python 3.11 --color no --local; \
+	  printf 'fakes_dir: %s\nsimhost_lib: %s\nsimhost_python: %s\n' $(CURDIR)/tests/fakes $(SIMHOST)/lib $(VPY) \
+	    > $(COLL)/tests/integration/integration_config.yml; \
+	  cd $(COLL) && $(ANSIBLE_TEST) integration --python 3.11 --color no --local $(TARGETS); \
 	else echo 'integration: no targets yet'; fi
 
 lint: venv
