@@ -1,0 +1,174 @@
+# Copyright: gpufleet.mps contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Client of the MPS control UI (``nvidia-cuda-mps-control`` with no arguments).
+
+One UI process carries a whole batch: the UI reads newline-separated commands until EOF and prints
+the replies in order. The exit status is 0 whenever the daemon was reached, even when a command
+was rejected, so replies are parsed, never trusted from the exit status.
+
+Replies carry no delimiters and some commands print nothing, one line, or a variable number of
+lines (and the text of an error, or of an unset value, is undocumented). To split a batch's output
+reliably, ``get_default_active_thread_percentage`` - which always prints exactly one ``%.1f``
+number - is inserted after every command whose reply is not itself such a number. Nothing else the
+UI prints looks like ``\\d+\\.\\d``, so those lines delimit the replies.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import typing as t
+from dataclasses import dataclass
+
+from ._errors import (
+    ControlBinaryError,
+    ControlCommandError,
+    DaemonNotRunningError,
+    DaemonTimeoutError,
+    InvalidParameterError,
+)
+
+NOT_RUNNING_TEXT = 'Cannot find MPS control daemon process'
+SENTINEL = 'get_default_active_thread_percentage'
+# Commands whose successful reply is exactly one %.1f percentage line.
+PERCENT_COMMANDS = frozenset((
+    'get_default_active_thread_percentage',
+    'set_default_active_thread_percentage',
+    'get_active_thread_percentage',
+    'set_active_thread_percentage',
+))
+_PERCENT_LINE = re.compile(r'\d+\.\d+')
+_TOKEN = re.compile(r'[A-Za-z0-9][A-Za-z0-9._:=-]*')
+
+
+def command(name: str, *args: t.Union[str, int, float]) -> str:
+    """Build one control command from plain tokens.
+
+    Every token must be a single word of letters, digits and ``._:=-``: no whitespace, newline or
+    other character can reach the control pipe, so no value can smuggle in a second command.
+    """
+    tokens = [name] + [str(arg) for arg in args]
+    for token in tokens:
+        if not _TOKEN.fullmatch(token):
+            raise InvalidParameterError('command', 'refusing to send %r to the control daemon: not a plain token' % token)
+    return ' '.join(tokens)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The reply lines of one command of a batch."""
+
+    command: str
+    lines: t.Tuple[str, ...]
+
+    @property
+    def text(self) -> str:
+        return '\n'.join(self.lines)
+
+
+def _split_replies(commands: t.Sequence[str], lines: t.List[str]) -> t.List[Reply]:
+    replies = []
+    pos = 0
+    for index, cmd in enumerate(commands):
+        is_last = index == len(commands) - 1
+        if cmd.split()[0] in PERCENT_COMMANDS:
+            replies.append(Reply(cmd, tuple(lines[pos:pos + 1])))
+            pos += 1
+            continue
+        if is_last:
+            replies.append(Reply(cmd, tuple(lines[pos:])))
+            pos = len(lines)
+            continue
+        end = pos
+        while end < len(lines) and not _PERCENT_LINE.fullmatch(lines[end]):
+            end += 1
+        if end == len(lines):
+            raise ControlBinaryError(
+                'unexpected reply from the MPS control UI: no delimiter after %r' % cmd, stdout='\n'.join(lines))
+        replies.append(Reply(cmd, tuple(lines[pos:end])))
+        pos = end + 1
+    return replies
+
+
+class ControlClient:
+    """Talks to the control daemon of one pipe directory, one UI process per batch."""
+
+    def __init__(self, binary: str, pipe_dir: str, timeout: float, log_dir: t.Optional[str] = None,
+                 base_env: t.Optional[t.Mapping[str, str]] = None) -> None:
+        self.binary = binary
+        self.pipe_dir = pipe_dir
+        self.log_dir = log_dir
+        self.timeout = timeout
+        self.base_env = dict(os.environ if base_env is None else base_env)
+        self.processes = 0
+
+    def _env(self) -> t.Dict[str, str]:
+        env = dict(self.base_env)
+        # Keep NVML usable for everything this UI process may start, and point it at this daemon.
+        env.pop('NVML_MPS_DEVICE_ENUMERATION', None)
+        env['CUDA_MPS_PIPE_DIRECTORY'] = self.pipe_dir
+        if self.log_dir:
+            env['CUDA_MPS_LOG_DIRECTORY'] = self.log_dir
+        return env
+
+    def run_raw(self, stdin_text: str) -> t.Tuple[int, str, str]:
+        """Run one UI process with ``stdin_text``; return (rc, stdout, stderr)."""
+        self.processes += 1
+        try:
+            proc = subprocess.run(  # pylint: disable=subprocess-run-check
+                [self.binary], input=stdin_text, capture_output=True, text=True, env=self._env(),
+                timeout=self.timeout, close_fds=True)
+        except subprocess.TimeoutExpired as exc:
+            raise DaemonTimeoutError(
+                'the MPS control daemon on %s did not answer within %ss%s' % (
+                    self.pipe_dir, self.timeout, self._log_hint()),
+                pipe_dir=self.pipe_dir) from exc
+        except OSError as exc:
+            raise ControlBinaryError('cannot run %s: %s' % (self.binary, exc), control_binary=self.binary) from exc
+        return proc.returncode, proc.stdout, proc.stderr
+
+    def _log_hint(self) -> str:
+        if self.log_dir:
+            return ' (see %s)' % os.path.join(self.log_dir, 'control.log')
+        return ''
+
+    def batch(self, commands: t.Sequence[str]) -> t.List[Reply]:
+        """Send ``commands`` in one UI process; return one :class:`Reply` per command."""
+        if not commands:
+            return []
+        sent: t.List[str] = []
+        for index, cmd in enumerate(commands):
+            sent.append(cmd)
+            if cmd.split()[0] not in PERCENT_COMMANDS and index < len(commands) - 1:
+                sent.append(SENTINEL)
+        rc, stdout, stderr = self.run_raw('\n'.join(sent))
+        if NOT_RUNNING_TEXT in stdout or NOT_RUNNING_TEXT in stderr:
+            raise DaemonNotRunningError('no MPS control daemon answers on %s' % self.pipe_dir, pipe_dir=self.pipe_dir)
+        if rc != 0:
+            raise ControlBinaryError(
+                '%s exited with status %d%s' % (self.binary, rc, self._log_hint()),
+                rc=rc, stdout=stdout, stderr=stderr)
+        lines = [line.strip() for line in stdout.splitlines() if line.strip()]
+        return _split_replies(commands, lines)
+
+
+def parse_percentage(reply: Reply) -> float:
+    """Parse a one-line ``%.1f`` reply, or raise with the daemon's text."""
+    if len(reply.lines) == 1 and _PERCENT_LINE.fullmatch(reply.lines[0]):
+        return float(reply.lines[0])
+    raise ControlCommandError('the MPS control daemon rejected %r: %s' % (reply.command, reply.text or '(no output)'))
+
+
+def expect_silent(reply: Reply) -> None:
+    """A command that prints nothing on success printed something: that is its error text."""
+    if reply.lines:
+        raise ControlCommandError('the MPS control daemon rejected %r: %s' % (reply.command, reply.text))
+
+
+def parse_pids(reply: Reply) -> t.List[int]:
+    """Parse a list of pids (one per line, or whitespace separated)."""
+    words = ' '.join(reply.lines).split()
+    if not all(word.isdigit() for word in words):
+        raise ControlCommandError('the MPS control daemon rejected %r: %s' % (reply.command, reply.text))
+    return [int(word) for word in words]

@@ -1,0 +1,269 @@
+# Copyright: gpufleet.mps contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""One MPS control daemon: find it, tell whether it is alive and answers, start it, stop it.
+
+Liveness does not trust the pid file. The daemon's single-instance guard is a kernel lock on
+``<pipe>/control_lock``, released when the process dies; a held lock (``/proc/locks``) means a live
+daemon, and a pid file whose pid is alive while nobody holds the lock belongs to an unrelated
+process that reused the pid: stale, and never signalled.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import time
+import typing as t
+from dataclasses import dataclass, field
+
+from ._control import ControlClient, Reply, SENTINEL
+from ._errors import ControlBinaryError, DaemonNotRunningError, DaemonTimeoutError, MpsError
+from ._io import ensure_dir
+from ._root import ResourcePaths
+
+PID_FILE = 'nvidia-cuda-mps-control.pid'
+LOCK_FILE = 'control_lock'
+ALREADY_RUNNING_TEXT = 'An instance of this daemon is already running'
+# Files a daemon leaves in its pipe directory; which of them a clean quit removes is undocumented.
+PIPE_DIR_FILES = ('control', 'control_privileged', 'log', PID_FILE)
+# Passed through to the daemon from the module's environment: where the driver's libraries are.
+PASSTHROUGH_ENV = ('PATH', 'LD_LIBRARY_PATH')
+DEFAULT_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def lock_holders(path: str, proc_locks: str = '/proc/locks') -> t.Optional[t.List[int]]:
+    """Pids holding a lock on ``path`` per ``/proc/locks``; [] for none; None when unknowable."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return []
+    except OSError:
+        return None
+    wanted = '%02x:%02x:%d' % (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+    try:
+        with open(proc_locks, encoding='ascii', errors='replace') as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return None
+    holders = []
+    for line in lines:
+        fields = line.split()
+        if '->' in fields or len(fields) < 6:
+            continue  # a waiter, not a holder
+        if fields[5] == wanted:
+            try:
+                holders.append(int(fields[4]))
+            except ValueError:
+                holders.append(-1)
+    return holders
+
+
+@dataclass
+class DaemonState:
+    """What the pipe directory says about the daemon, without talking to it."""
+
+    running: bool
+    pid: t.Optional[int]
+    pid_file_pid: t.Optional[int]
+    leftovers: t.List[str] = field(default_factory=list)
+
+    @property
+    def stale(self) -> bool:
+        """Dead, but files of a previous daemon remain."""
+        return not self.running and bool(self.leftovers)
+
+
+def read_pid_file(pipe_dir: str) -> t.Optional[int]:
+    try:
+        with open(os.path.join(pipe_dir, PID_FILE), encoding='ascii', errors='replace') as handle:
+            text = handle.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def inspect(paths: ResourcePaths) -> DaemonState:
+    """Find the daemon of ``paths`` from its pipe directory and the kernel's lock table."""
+    pid_file_pid = read_pid_file(paths.pipe_dir)
+    leftovers = [name for name in PIPE_DIR_FILES if os.path.lexists(os.path.join(paths.pipe_dir, name))]
+    if os.path.exists(paths.started_file):
+        leftovers.append(os.path.basename(paths.started_file))
+    holders = lock_holders(os.path.join(paths.pipe_dir, LOCK_FILE))
+    if holders is None:
+        # No /proc/locks: fall back on the pid file and the process's name.
+        alive = pid_file_pid is not None and _pid_alive(pid_file_pid) and _looks_like_daemon(pid_file_pid)
+        return DaemonState(alive, pid_file_pid if alive else None, pid_file_pid, leftovers)
+    if not holders:
+        return DaemonState(False, None, pid_file_pid, leftovers)
+    if pid_file_pid is not None and _pid_alive(pid_file_pid) and (pid_file_pid in holders or _looks_like_daemon(pid_file_pid)):
+        pid: t.Optional[int] = pid_file_pid
+    else:
+        pid = next((holder for holder in holders if holder > 0 and _pid_alive(holder)), None)
+    return DaemonState(True, pid, pid_file_pid, leftovers)
+
+
+def _looks_like_daemon(pid: int) -> bool:
+    """The process is named like the control daemon (comm is truncated to 15 characters)."""
+    try:
+        with open('/proc/%d/comm' % pid, encoding='utf-8', errors='replace') as handle:
+            comm = handle.read().strip()
+    except OSError:
+        return False
+    return comm == 'nvidia-cuda-mps-control'[:15]
+
+
+def daemon_env(paths: ResourcePaths, uuids: t.Sequence[str], environ: t.Optional[t.Mapping[str, str]] = None) -> t.Dict[str, str]:
+    """The daemon's whole environment: nothing inherited but the library search path.
+
+    ``CUDA_VISIBLE_DEVICES`` by UUID makes each daemon see only its own GPUs, renumbered from 0 in
+    the given order. ``NVML_MPS_DEVICE_ENUMERATION`` is never set.
+    """
+    source = os.environ if environ is None else environ
+    env = {name: source[name] for name in PASSTHROUGH_ENV if source.get(name)}
+    env.setdefault('PATH', DEFAULT_PATH)
+    env.update(paths.client_env())
+    env['CUDA_VISIBLE_DEVICES'] = ','.join(uuids)
+    return env
+
+
+class Daemon:
+    """Start, stop and query the control daemon of one resource (supervised by this module)."""
+
+    def __init__(self, paths: ResourcePaths, binary: str, start_timeout: float, stop_timeout: int,
+                 environ: t.Optional[t.Mapping[str, str]] = None, sleep: t.Callable[[float], None] = time.sleep) -> None:
+        self.paths = paths
+        self.binary = binary
+        self.start_timeout = start_timeout
+        self.stop_timeout = stop_timeout
+        self.environ = dict(os.environ if environ is None else environ)
+        self.sleep = sleep
+        self.client = ControlClient(binary, paths.pipe_dir, timeout=start_timeout, log_dir=paths.log_dir,
+                                    base_env=self.environ)
+
+    @property
+    def control_log(self) -> str:
+        return os.path.join(self.paths.log_dir, 'control.log')
+
+    def query(self, commands: t.Sequence[str]) -> t.List[Reply]:
+        """One UI process for ``commands``, with timeouts that name the daemon's pid and log."""
+        try:
+            return self.client.batch(commands)
+        except DaemonTimeoutError as exc:
+            pid = read_pid_file(self.paths.pipe_dir)
+            raise DaemonTimeoutError(
+                'the MPS control daemon for %s (pid %s) accepted the connection but did not answer within %ss; '
+                'it was left running - see %s' % (self.paths.name, pid if pid else 'unknown', self.start_timeout, self.control_log),
+                pid=pid, log_file=self.control_log) from exc
+
+    def lock(self) -> 'ResourceLock':
+        return ResourceLock(os.path.join(self.paths.resource_dir, '.lock'))
+
+    def start(self, uuids: t.Sequence[str], multiuser: bool, replay: t.Sequence[str] = ()) -> int:
+        """Run ``-d``, wait until the daemon answers, replay ``replay`` in the first UI session; return its pid."""
+        argv = [self.binary, '-d']
+        if multiuser:
+            argv.append('-multiuser-server')
+        ensure_dir(self.paths.pipe_dir, 0o755)
+        ensure_dir(self.paths.log_dir, 0o755)
+        try:
+            proc = subprocess.run(argv, env=daemon_env(self.paths, uuids, self.environ), capture_output=True, text=True,
+                                  timeout=self.start_timeout, stdin=subprocess.DEVNULL, check=False)
+        except subprocess.TimeoutExpired as exc:
+            raise DaemonTimeoutError('%s -d did not return within %ss (see %s)' % (self.binary, self.start_timeout, self.control_log),
+                                     log_file=self.control_log) from exc
+        except OSError as exc:
+            raise ControlBinaryError('cannot run %s: %s' % (self.binary, exc), control_binary=self.binary) from exc
+        output = (proc.stdout + proc.stderr).strip()
+        if ALREADY_RUNNING_TEXT in output:
+            raise MpsError('another MPS control daemon started on %s at the same time' % self.paths.pipe_dir, stdout=output)
+        if proc.returncode != 0:
+            raise ControlBinaryError('%s -d failed with status %d: %s (see %s)' % (
+                self.binary, proc.returncode, output or '(no output)', self.control_log), rc=proc.returncode, stdout=output)
+        self.wait_ready(replay)
+        state = inspect(self.paths)
+        if not state.running or state.pid is None:
+            raise MpsError('the MPS control daemon for %s exited right after starting (see %s)' % (self.paths.name, self.control_log))
+        return state.pid
+
+    def wait_ready(self, replay: t.Sequence[str] = ()) -> t.List[Reply]:
+        """Poll with backoff until the daemon answers; the answering session also carries ``replay``."""
+        deadline = time.monotonic() + self.start_timeout
+        delay = 0.01
+        while True:
+            try:
+                return self.query(list(replay) + [SENTINEL])
+            except DaemonNotRunningError:
+                if time.monotonic() + delay > deadline:
+                    raise DaemonTimeoutError('the MPS control daemon for %s did not start answering within %ss (see %s)' % (
+                        self.paths.name, self.start_timeout, self.control_log), log_file=self.control_log) from None
+                self.sleep(delay)
+                delay = min(delay * 2, 0.25)
+
+    def stop(self, pid: t.Optional[int]) -> bool:
+        """``quit -t <stop_timeout>`` and wait for the process to exit; return True when it had to be forced."""
+        started = time.monotonic()
+        try:
+            self.client.timeout = self.stop_timeout + self.start_timeout
+            self.query(['quit -t %d' % self.stop_timeout])
+        except DaemonNotRunningError:
+            return False
+        finally:
+            self.client.timeout = self.start_timeout
+        grace = self.stop_timeout + self.start_timeout
+        delay = 0.01
+        while pid is not None and _pid_alive(pid) and _is_zombie(pid) is False:
+            if time.monotonic() - started > grace:
+                raise DaemonTimeoutError('the MPS control daemon for %s (pid %d) did not exit within %ss after quit; it was left running (see %s)' % (
+                    self.paths.name, pid, grace, self.control_log), pid=pid, log_file=self.control_log)
+            self.sleep(delay)
+            delay = min(delay * 2, 0.25)
+        return time.monotonic() - started >= self.stop_timeout > 0
+
+    def clean_stale(self) -> t.List[str]:
+        """Remove the files a dead daemon left in the pipe directory; return their names."""
+        removed = []
+        for name in PIPE_DIR_FILES:
+            path = os.path.join(self.paths.pipe_dir, name)
+            if os.path.lexists(path):
+                os.unlink(path)
+                removed.append(name)
+        return removed
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open('/proc/%d/stat' % pid, encoding='ascii', errors='replace') as handle:
+            return handle.read().rsplit(')', 1)[1].split()[0] == 'Z'
+    except (OSError, IndexError):
+        return False
+
+
+class ResourceLock:
+    """An exclusive lock per resource, so concurrent runs on one host never double-start a daemon."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fd: t.Optional[int] = None
+
+    def __enter__(self) -> 'ResourceLock':
+        ensure_dir(os.path.dirname(self.path), 0o755)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc_info: t.Any) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None

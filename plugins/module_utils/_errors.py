@@ -1,0 +1,62 @@
+# Copyright: gpufleet.mps contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""One exception hierarchy for the collection's domain code.
+
+Domain code raises these; each module turns them into ``fail_json`` exactly once, so the message a
+user sees is the one written where the problem was understood.
+"""
+
+from __future__ import annotations
+
+import typing as t
+
+
+class MpsError(Exception):
+    """Base of every error the collection reports to the user."""
+
+    def __init__(self, msg: str, **details: t.Any) -> None:
+        super().__init__(msg)
+        self.msg = msg
+        self.details = details
+
+    def fail_kwargs(self) -> dict[str, t.Any]:
+        """Keyword arguments for ``AnsibleModule.fail_json``."""
+        result = dict(self.details)
+        result['msg'] = self.msg
+        return result
+
+
+class InvalidParameterError(MpsError):
+    """A module parameter is not of the valid form; raised before any side effect."""
+
+    def __init__(self, param: str, msg: str, **details: t.Any) -> None:
+        super().__init__('%s: %s' % (param, msg), param=param, **details)
+        self.param = param
+
+
+class UnsafePathError(MpsError):
+    """A path is a symlink, owned by someone else, or writable by others where it must not be."""
+
+
+class NvmlError(MpsError):
+    """NVML is not usable (library or driver missing) or an NVML call failed."""
+
+
+class DeviceSelectionError(MpsError):
+    """Requested devices are unknown, duplicated, ambiguous, owned elsewhere or unusable."""
+
+
+class ControlBinaryError(MpsError):
+    """``nvidia-cuda-mps-control`` is missing, not executable, or answered something unparsable."""
+
+
+class DaemonNotRunningError(MpsError):
+    """No control daemon answers on the pipe directory."""
+
+
+class DaemonTimeoutError(MpsError):
+    """The control daemon did not answer, start or stop in time."""
+
+
+class ControlCommandError(MpsError):
+    """The control daemon rejected a command (it still exits 0: the text says so)."""

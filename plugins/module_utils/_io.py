@@ -1,0 +1,111 @@
+# Copyright: gpufleet.mps contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Small file-system helpers: atomic writes, reads that tolerate absence, directory checks."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+import tempfile
+import typing as t
+
+from ._errors import MpsError, UnsafePathError
+
+
+def read_text(path: str) -> t.Optional[str]:
+    """The file's text, or None when it does not exist."""
+    try:
+        with open(path, encoding='utf-8') as handle:
+            return handle.read()
+    except FileNotFoundError:
+        return None
+
+
+def read_json(path: str) -> t.Optional[t.Any]:
+    """The parsed JSON document, or None when the file is missing or not valid JSON."""
+    text = read_text(path)
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def atomic_write(path: str, content: str, mode: int = 0o644) -> bool:
+    """Write ``content`` to ``path`` atomically; return True when the file changed.
+
+    The new content goes to a temporary file in the same directory, is flushed to disk, and
+    replaces the old file with one rename: a reader sees the old or the new file, never a
+    truncated one, and a failure (read-only or full file system) leaves the old file intact.
+    """
+    if read_text(path) == content and stat.S_IMODE(os.stat(path).st_mode) == mode:
+        return False
+    directory = os.path.dirname(path) or '.'
+    try:
+        fd, tmp = tempfile.mkstemp(prefix='.%s.' % os.path.basename(path), suffix='.tmp', dir=directory)
+    except OSError as exc:
+        raise MpsError('cannot write %s: %s' % (path, exc.strerror or exc), path=path) from exc
+    try:
+        with os.fdopen(fd, 'w', encoding='utf-8') as handle:
+            handle.write(content)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except OSError as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise MpsError('cannot write %s: %s' % (path, exc.strerror or exc), path=path) from exc
+    return True
+
+
+def remove(path: str) -> bool:
+    """Remove a file; return True when there was one."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def ensure_dir(path: str, mode: int = 0o755) -> bool:
+    """Create ``path`` (and parents) with ``mode`` when missing; refuse a symlink. True when created."""
+    if os.path.islink(path):
+        raise UnsafePathError('%s is a symbolic link; refusing to use it' % path, path=path)
+    if os.path.isdir(path):
+        return False
+    try:
+        os.makedirs(path, mode)
+        os.chmod(path, mode)
+    except OSError as exc:
+        if exc.errno == errno.EEXIST and os.path.isdir(path):
+            return False
+        raise MpsError('cannot create directory %s: %s' % (path, exc.strerror or exc), path=path) from exc
+    return True
+
+
+def untraversable_parents(path: str) -> t.List[str]:
+    """Existing ancestors of ``path`` (and ``path``) that other users cannot traverse (no o+x).
+
+    The MPS server runs as the client's uid and must reach ``<pipe>/log``: a 0700 parent makes every
+    non-root client fail.
+    """
+    blocked = []
+    current = os.path.abspath(path)
+    while True:
+        try:
+            mode = os.stat(current).st_mode
+        except OSError:
+            mode = None
+        if mode is not None and not mode & stat.S_IXOTH:
+            blocked.append(current)
+        parent = os.path.dirname(current)
+        if parent == current:
+            break
+        current = parent
+    return list(reversed(blocked))

@@ -1,0 +1,371 @@
+# Copyright: gpufleet.mps contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""A resource's daemon brought to the wanted state: GPUs, compute mode, supervisor, record.
+
+``ResourceManager`` reads the current state, compares it with the wanted one, and acts only outside
+check mode. The ``.started`` record (JSON) says what the running daemon was started with; idempotence
+compares the wanted daemon with it, never guesses from processes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import stat
+import typing as t
+from dataclasses import dataclass, field
+
+from ._control import SENTINEL
+from ._daemon import Daemon, DaemonState, inspect
+from ._errors import DeviceSelectionError, InvalidParameterError
+from ._gpus import Gpu, Nvml, resolve_devices
+from ._io import atomic_write, ensure_dir, read_json, read_text, remove, untraversable_parents
+from ._limits import read_replay
+from ._root import ConfigPaths, ResourcePaths, resource_paths, scan_resources
+from ._systemd import Systemctl, instance_unit, render_env, render_unit, UNIT_DIR, UNIT_NAME
+
+COMPUTE_MODE_CHOICES = ('exclusive_process', 'default', 'unchanged')
+SMI_MODE = {'exclusive_process': 'EXCLUSIVE_PROCESS', 'default': 'DEFAULT'}
+
+
+@dataclass
+class Wanted:
+    """The daemon the task asks for."""
+
+    devices: t.List[Gpu]
+    multiuser: bool
+    supervisor: str
+    compute_mode: str
+    enabled: bool
+
+    def record(self) -> t.Dict[str, t.Any]:
+        return {
+            'devices': [gpu.uuid for gpu in self.devices],
+            'multiuser': self.multiuser,
+            'supervisor': self.supervisor,
+        }
+
+
+@dataclass
+class Outcome:
+    """What the run did (or, in check mode, would do)."""
+
+    changed: bool = False
+    actions: t.List[str] = field(default_factory=list)
+    warnings: t.List[str] = field(default_factory=list)
+    before: t.Dict[str, t.Any] = field(default_factory=dict)
+    after: t.Dict[str, t.Any] = field(default_factory=dict)
+    pid: t.Optional[int] = None
+    started_at: t.Optional[str] = None
+    devices: t.List[t.Dict[str, t.Any]] = field(default_factory=list)
+    forced: bool = False
+
+    def act(self, action: str) -> None:
+        self.changed = True
+        self.actions.append(action)
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds').replace('+00:00', 'Z')
+
+
+class ResourceManager:
+    """Start, stop or restart the daemon of one resource."""
+
+    def __init__(self, paths: ResourcePaths, config: ConfigPaths, daemon: Daemon, nvml: Nvml, supervisor: str,
+                 check_mode: bool, systemctl: t.Optional[Systemctl] = None, nvidia_smi: t.Optional[str] = None,
+                 unit_dir: str = UNIT_DIR) -> None:
+        self.paths = paths
+        self.config = config
+        self.daemon = daemon
+        self.nvml = nvml
+        self.supervisor = supervisor
+        self.check_mode = check_mode
+        self.systemctl = systemctl
+        self.nvidia_smi = nvidia_smi
+        self.unit_dir = unit_dir
+        self.unit = instance_unit(config.instance)
+        self.reset_on_stop = True
+
+    # --- reading -------------------------------------------------------------------------------
+    def record(self) -> t.Optional[t.Dict[str, t.Any]]:
+        data = read_json(self.paths.started_file)
+        return data if isinstance(data, dict) else None
+
+    def owned_elsewhere(self) -> t.Dict[str, str]:
+        """UUID -> resource, for GPUs of the other live daemons under the same root."""
+        owners = {}
+        for name in scan_resources(self.paths.root):
+            if name == self.paths.name:
+                continue
+            other = resource_paths(self.paths.root, name)
+            record = read_json(other.started_file)
+            if not isinstance(record, dict) or not inspect(other).running:
+                continue
+            for uuid in record.get('devices') or []:
+                owners[str(uuid)] = name
+        return owners
+
+    def wanted(self, selectors: t.Any, multiuser: bool, compute_mode: str, enabled: bool) -> Wanted:
+        """Resolve and check the requested devices; raises before any side effect."""
+        devices = resolve_devices(selectors, self.nvml.gpus())
+        mig = [gpu for gpu in devices if gpu.mig_enabled]
+        if mig:
+            raise DeviceSelectionError('devices: MIG is enabled on %s; run one daemon per MIG device instead of the whole GPU' % (
+                ', '.join('GPU %d (%s)' % (gpu.index, gpu.uuid) for gpu in mig)))
+        owners = self.owned_elsewhere()
+        taken = [(gpu, owners[gpu.uuid]) for gpu in devices if gpu.uuid in owners]
+        if taken:
+            raise DeviceSelectionError('devices: %s already used by another MPS daemon under %s' % (
+                '; '.join('GPU %d (%s) by resource %r' % (gpu.index, gpu.uuid, owner) for gpu, owner in taken), self.paths.root))
+        return Wanted(devices, multiuser, self.supervisor, compute_mode, enabled)
+
+    def describe(self, state: DaemonState, record: t.Optional[t.Dict[str, t.Any]]) -> t.Dict[str, t.Any]:
+        """The before/after view used for diff."""
+        view: t.Dict[str, t.Any] = {'state': 'running' if state.running else ('stale' if state.stale else 'stopped')}
+        if record:
+            view.update({key: record.get(key) for key in ('devices', 'multiuser', 'supervisor')})
+        return view
+
+    # --- systemd files ---------------------------------------------------------------------------
+    def _env_values(self, wanted: Wanted) -> t.Dict[str, str]:
+        values = dict(self.paths.client_env())
+        values.update({
+            'CUDA_VISIBLE_DEVICES': ','.join(gpu.uuid for gpu in wanted.devices),
+            'MPS_CONTROL': self.daemon.binary,
+            'MPS_DAEMON_ARGS': '-multiuser-server' if wanted.multiuser else '',
+            'MPS_COMPUTE_MODE': SMI_MODE.get(wanted.compute_mode, ''),
+            'MPS_NVIDIA_SMI': self.nvidia_smi or 'nvidia-smi',
+            'MPS_STOP_TIMEOUT': str(self.daemon.stop_timeout),
+            'MPS_LIMITS_FILE': self.config.limits_file,
+        })
+        return values
+
+    def _systemd_files(self, wanted: Wanted) -> t.Dict[str, str]:
+        return {
+            os.path.join(self.unit_dir, UNIT_NAME): render_unit(self.config.config_dir, int(self.daemon.start_timeout), self.daemon.stop_timeout),
+            self.config.env_file: render_env(self.paths.name, self._env_values(wanted)),
+        }
+
+    def _systemd_drift(self, wanted: Wanted) -> t.List[str]:
+        return [path for path, content in self._systemd_files(wanted).items() if read_text(path) != content]
+
+    # --- actions -------------------------------------------------------------------------------
+    def _set_compute_modes(self, devices: t.Sequence[Gpu], mode: str, out: Outcome) -> None:
+        if mode == 'unchanged':
+            return
+        for gpu in devices:
+            if gpu.compute_mode != mode:
+                out.act('set compute mode %s on GPU %d (%s)' % (mode.upper(), gpu.index, gpu.uuid))
+                if not self.check_mode:
+                    self.nvml.set_compute_mode(gpu, mode)
+
+    def _prepare_dirs(self, out: Outcome) -> None:
+        if not self.check_mode:
+            ensure_dir(self.paths.pipe_dir, 0o755)
+            ensure_dir(self.paths.log_dir, 0o755)
+        blocked = untraversable_parents(self.paths.pipe_dir)
+        if blocked:
+            out.warnings.append('%s cannot be traversed by other users: MPS clients that do not run as root will fail to '
+                                'connect (chmod o+x, or run clients as root)' % ', '.join(blocked))
+
+    def _write_record(self, wanted: Wanted, pid: t.Optional[int], out: Outcome) -> None:
+        record = wanted.record()
+        record.update({'pid': pid, 'started_at': _now(), 'compute_mode': wanted.compute_mode,
+                       'control_binary': self.daemon.binary})
+        if not self.check_mode:
+            atomic_write(self.paths.started_file, json.dumps(record, indent=2, sort_keys=True) + '\n', 0o644)
+        out.started_at = record['started_at']
+        out.pid = pid
+
+    def _start(self, wanted: Wanted, out: Outcome, restart: bool) -> None:
+        self._set_compute_modes(wanted.devices, wanted.compute_mode, out)
+        self._prepare_dirs(out)
+        replay = read_replay(self.config)
+        if self.supervisor == 'systemd':
+            self._install_unit(wanted, out)
+            out.act('%s %s' % ('restart' if restart else 'start', self.unit))
+            if self.check_mode or self.systemctl is None:
+                return
+            if restart:
+                self.systemctl.restart(self.unit)
+            else:
+                self.systemctl.start(self.unit)
+            self.daemon.wait_ready()
+            pid = inspect(self.paths).pid or self.systemctl.main_pid(self.unit)
+        else:
+            out.act('start the MPS control daemon')
+            if self.check_mode:
+                return
+            pid = self.daemon.start([gpu.uuid for gpu in wanted.devices], wanted.multiuser, replay)
+        self._write_record(wanted, pid, out)
+
+    def _install_unit(self, wanted: Wanted, out: Outcome) -> None:
+        unit_path = os.path.join(self.unit_dir, UNIT_NAME)
+        reload_needed = False
+        for path, content in self._systemd_files(wanted).items():
+            if read_text(path) == content:
+                continue
+            out.act('write %s' % path)
+            if not self.check_mode:
+                ensure_dir(os.path.dirname(path), 0o755)
+                atomic_write(path, content, 0o644)
+            reload_needed = reload_needed or path == unit_path
+        if reload_needed:
+            out.act('systemctl daemon-reload')
+            if not self.check_mode and self.systemctl:
+                self.systemctl.daemon_reload()
+        self._apply_enabled(wanted.enabled, out)
+
+    def _apply_enabled(self, enabled: t.Optional[bool], out: Outcome) -> None:
+        if enabled is None or self.systemctl is None:
+            return
+        if self.systemctl.is_enabled(self.unit) != enabled:
+            out.act('%s %s' % ('enable' if enabled else 'disable', self.unit))
+            if not self.check_mode:
+                (self.systemctl.enable if enabled else self.systemctl.disable)(self.unit)
+
+    def _stop_process(self, state: DaemonState, record: t.Optional[t.Dict[str, t.Any]], out: Outcome) -> None:
+        """Stop the running daemon through whoever supervises it."""
+        out.act('stop the MPS control daemon (pid %s)' % state.pid)
+        if self.check_mode:
+            return
+        if (record or {}).get('supervisor') == 'systemd' and self.systemctl is not None:
+            self.systemctl.stop(self.unit)
+        else:
+            out.forced = self.daemon.stop(state.pid)
+        # Whether a clean quit removes the pipe-dir files is undocumented; remove what is left so a
+        # stopped daemon never looks like a crashed one.
+        self.daemon.clean_stale()
+
+    def _stop(self, state: DaemonState, record: t.Optional[t.Dict[str, t.Any]], out: Outcome) -> None:
+        """Stop a running daemon, reset the compute mode of GPUs nobody else uses, drop the record."""
+        self._stop_process(state, record, out)
+        self._release(record, out)
+
+    def _release_dropped(self, wanted: Wanted, record: t.Optional[t.Dict[str, t.Any]], out: Outcome) -> None:
+        """After a restart on fewer GPUs, give the dropped ones back to non-MPS users."""
+        if not record or record.get('compute_mode', 'exclusive_process') == 'unchanged':
+            return
+        dropped = set(record.get('devices') or []) - {gpu.uuid for gpu in wanted.devices}
+        still_used = set(self.owned_elsewhere())
+        self._set_compute_modes([gpu for gpu in self.nvml.gpus() if gpu.uuid in dropped and gpu.uuid not in still_used],
+                                'default', out)
+
+    def _release(self, record: t.Optional[t.Dict[str, t.Any]], out: Outcome) -> None:
+        if self.reset_on_stop and record and record.get('compute_mode', 'exclusive_process') != 'unchanged':
+            uuids = set(record.get('devices') or [])
+            still_used = set(self.owned_elsewhere())
+            gpus = [gpu for gpu in self.nvml.gpus() if gpu.uuid in uuids and gpu.uuid not in still_used]
+            self._set_compute_modes(gpus, 'default', out)
+        if os.path.exists(self.paths.started_file):
+            out.act('remove %s' % self.paths.started_file)
+            if not self.check_mode:
+                remove(self.paths.started_file)
+
+    # --- entry points ----------------------------------------------------------------------------
+    def ensure(self, state: str, selectors: t.Any, multiuser: bool, compute_mode: str, enabled: bool) -> Outcome:
+        """Bring the resource to ``state`` (started, stopped or restarted)."""
+        if compute_mode not in COMPUTE_MODE_CHOICES:
+            raise InvalidParameterError('compute_mode', 'must be one of %s' % ', '.join(COMPUTE_MODE_CHOICES))
+        wanted = self.wanted(selectors, multiuser, compute_mode, enabled) if state != 'stopped' else None
+        self.reset_on_stop = compute_mode != 'unchanged'
+        if self.check_mode:
+            return self._ensure(state, wanted)
+        with self.daemon.lock():
+            return self._ensure(state, wanted)
+
+    def _ensure(self, state: str, wanted: t.Optional[Wanted]) -> Outcome:
+        out = Outcome()
+        current = inspect(self.paths)
+        record = self.record()
+        out.before = self.describe(current, record)
+        if current.running:
+            # One UI process: does it answer at all? A hung daemon fails here, naming pid and log.
+            self.daemon.query([SENTINEL])
+        if wanted is None:
+            self._ensure_stopped(current, record, out)
+        else:
+            self._ensure_running(state, wanted, current, record, out)
+        out.after = {'state': 'stopped'} if wanted is None else dict(wanted.record(), state='running')
+        return out
+
+    def _ensure_stopped(self, current: DaemonState, record: t.Optional[t.Dict[str, t.Any]], out: Outcome) -> None:
+        if current.running:
+            self._stop(current, record, out)
+        elif current.stale:
+            out.warnings.append('the MPS control daemon for %s was not running but left files behind (%s); cleaned up' % (
+                self.paths.name, ', '.join(current.leftovers)))
+            self._clean_stale(out)
+            self._release(record, out)
+        if self.supervisor == 'systemd' and self.systemctl is not None and self.systemctl.is_active(self.unit):
+            out.act('stop %s' % self.unit)
+            if not self.check_mode:
+                self.systemctl.stop(self.unit)
+
+    def _clean_stale(self, out: Outcome) -> None:
+        out.act('remove stale files of a dead daemon')
+        if not self.check_mode:
+            self.daemon.clean_stale()
+
+    def _ensure_running(self, state: str, wanted: Wanted, current: DaemonState, record: t.Optional[t.Dict[str, t.Any]],
+                        out: Outcome) -> None:
+        out.devices = [gpu.summary() for gpu in wanted.devices]
+        differences = self._differences(wanted, current, record)
+        if current.running and state == 'started' and not differences:
+            # Healthy and as wanted: only the compute mode may have drifted (it resets at reboot).
+            self._set_compute_modes(wanted.devices, wanted.compute_mode, out)
+            if self.supervisor == 'systemd':
+                self._install_unit(wanted, out)
+            out.pid = current.pid
+            out.started_at = (record or {}).get('started_at')
+            return
+        if current.running:
+            out.act('restart: %s' % ('; '.join(differences) if differences else 'state=restarted'))
+            handover = record is not None and record.get('supervisor', wanted.supervisor) != wanted.supervisor
+            if wanted.supervisor == 'systemd' and not handover:
+                self._start(wanted, out, restart=True)
+            else:
+                self._stop_process(current, record, out)
+                self._start(wanted, out, restart=False)
+            self._release_dropped(wanted, record, out)
+            return
+        if current.stale:
+            out.warnings.append('recovered the MPS control daemon for %s: it had died and left files behind (%s)' % (
+                self.paths.name, ', '.join(current.leftovers)))
+            self._clean_stale(out)
+        self._start(wanted, out, restart=False)
+
+    def _differences(self, wanted: Wanted, current: DaemonState, record: t.Optional[t.Dict[str, t.Any]]) -> t.List[str]:
+        if not current.running:
+            return []
+        if record is None:
+            return ['no %s record for the running daemon' % os.path.basename(self.paths.started_file)]
+        found = []
+        want = wanted.record()
+        for key in ('devices', 'multiuser', 'supervisor'):
+            if record.get(key) != want[key]:
+                found.append('%s: %s -> %s' % (key, record.get(key), want[key]))
+        if wanted.supervisor == 'none' and record.get('pid') not in (None, current.pid):
+            found.append('pid: the record names pid %s but pid %s runs' % (record.get('pid'), current.pid))
+        if wanted.supervisor == 'systemd':
+            drift = [path for path in self._systemd_drift(wanted) if path == self.config.env_file]
+            if drift:
+                found.append('environment file %s differs' % self.config.env_file)
+        return found
+
+
+def require_binary(path: t.Optional[str], param: str = 'control_binary') -> str:
+    """An executable file, or a clear error naming ``param``."""
+    if not path:
+        raise InvalidParameterError(param, 'nvidia-cuda-mps-control was not found on PATH; install the NVIDIA driver '
+                                    'utilities or give its absolute path')
+    if not os.path.isabs(path):
+        raise InvalidParameterError(param, '%r must be an absolute path' % path)
+    if not os.path.isfile(path):
+        raise InvalidParameterError(param, '%s does not exist' % path)
+    # os.access() says "executable" to root for any file with one x bit; demand the owner's.
+    if not os.stat(path).st_mode & stat.S_IXUSR or not os.access(path, os.X_OK):
+        raise InvalidParameterError(param, '%s is not executable' % path)
+    return path

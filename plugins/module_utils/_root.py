@@ -1,0 +1,183 @@
+# Copyright: gpufleet.mps contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Resource names and the Root directory layout (pure: no I/O).
+
+The layout is the one NVIDIA's Kubernetes device plugin uses, so anything written for it finds the
+daemons this collection starts::
+
+    <root>/<resource>/pipe       CUDA_MPS_PIPE_DIRECTORY
+    <root>/<resource>/log        CUDA_MPS_LOG_DIRECTORY
+    <root>/<resource>/.started   JSON record of what the running daemon was started with
+    <root>/shm                   optional tmpfs for container clients
+    <root>/.ready                exists when every managed daemon is healthy
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import string
+import typing as t
+from dataclasses import dataclass
+
+from ._errors import InvalidParameterError
+
+DEFAULT_ROOT = '/run/nvidia/mps'
+DEFAULT_CONFIG_DIR = '/etc/gpufleet-mps'
+# sizeof(sockaddr_un.sun_path) is 108 on Linux, including the terminating NUL.
+MAX_SOCKET_PATH_BYTES = 107
+CONTROL_SOCKET = 'control'
+NAME_FORM = ('one or two segments separated by "/", each of letters, digits, ".", "_" and "-" '
+             'and neither "." nor "..", e.g. "nvidia.com/gpu" or "train"')
+
+_SEGMENT = re.compile(r'[A-Za-z0-9._-]+')
+_SYSTEMD_PLAIN = frozenset(string.ascii_letters + string.digits + ':_.')
+
+
+@dataclass(frozen=True)
+class ResourcePaths:
+    """Every path that belongs to one resource under a root."""
+
+    root: str
+    name: str
+    resource_dir: str
+    pipe_dir: str
+    log_dir: str
+    started_file: str
+    control_socket: str
+
+    def client_env(self) -> dict[str, str]:
+        """The environment a CUDA client needs to reach this resource's daemon."""
+        return {
+            'CUDA_MPS_PIPE_DIRECTORY': self.pipe_dir,
+            'CUDA_MPS_LOG_DIRECTORY': self.log_dir,
+        }
+
+
+def validate_name(name: object, param: str = 'name') -> str:
+    """Return ``name`` if it is a valid resource name, else raise naming ``param``."""
+    if not isinstance(name, str) or not name:
+        raise InvalidParameterError(param, 'must be a non-empty string: %s' % NAME_FORM)
+    segments = name.split('/')
+    if len(segments) > 2:
+        raise InvalidParameterError(param, '%r has more than one "/": %s' % (name, NAME_FORM))
+    for segment in segments:
+        if segment in ('', '.', '..') or not _SEGMENT.fullmatch(segment):
+            raise InvalidParameterError(param, '%r is not a valid resource name: %s' % (name, NAME_FORM))
+    return name
+
+
+def validate_root(root: object, param: str = 'root') -> str:
+    """Return the normalised absolute root directory, or raise naming ``param``."""
+    if not isinstance(root, str) or not root:
+        raise InvalidParameterError(param, 'must be a non-empty absolute path')
+    if '\0' in root or '\n' in root:
+        raise InvalidParameterError(param, 'must not contain NUL or newline characters')
+    if not os.path.isabs(root):
+        raise InvalidParameterError(param, '%r is not an absolute path' % root)
+    normalised = os.path.normpath(root)
+    if normalised == '/':
+        raise InvalidParameterError(param, 'must not be "/"')
+    return normalised
+
+
+def resource_paths(root: str, name: str) -> ResourcePaths:
+    """Validate ``root`` and ``name`` and return the resource's paths.
+
+    Fails when ``<pipe>/control`` would not fit in an AF_UNIX address: the daemon could not bind it
+    and every later call would report that no daemon exists.
+    """
+    root = validate_root(root)
+    name = validate_name(name)
+    resource_dir = os.path.join(root, name)
+    pipe_dir = os.path.join(resource_dir, 'pipe')
+    control_socket = os.path.join(pipe_dir, CONTROL_SOCKET)
+    length = len(control_socket.encode('utf-8'))
+    if length > MAX_SOCKET_PATH_BYTES:
+        raise InvalidParameterError(
+            'root', 'the control socket %s would be %d bytes long; a unix socket path holds at most %d bytes: '
+            'use a shorter root or resource name' % (control_socket, length, MAX_SOCKET_PATH_BYTES))
+    return ResourcePaths(
+        root=root,
+        name=name,
+        resource_dir=resource_dir,
+        pipe_dir=pipe_dir,
+        log_dir=os.path.join(resource_dir, 'log'),
+        started_file=os.path.join(resource_dir, '.started'),
+        control_socket=control_socket,
+    )
+
+
+def systemd_instance(name: str) -> str:
+    """Escape a resource name into a systemd instance name, as ``systemd-escape NAME`` does."""
+    out = []
+    for index, char in enumerate(name):
+        if char == '/':
+            out.append('-')
+        elif char in _SYSTEMD_PLAIN and not (index == 0 and char == '.'):
+            out.append(char)
+        else:
+            out.extend('\\x%02x' % byte for byte in char.encode('utf-8'))
+    return ''.join(out)
+
+
+@dataclass(frozen=True)
+class ConfigPaths:
+    """Per-resource files under the persistent config directory (they survive reboots, /run does not)."""
+
+    config_dir: str
+    instance: str
+    env_file: str
+    limits_file: str
+    limits_json: str
+
+
+def config_paths(config_dir: object, name: str, param: str = 'config_dir') -> ConfigPaths:
+    """Validate ``config_dir`` and return the resource's files in it."""
+    config_dir = validate_root(config_dir, param)
+    instance = systemd_instance(validate_name(name))
+    base = os.path.join(config_dir, instance)
+    return ConfigPaths(
+        config_dir=config_dir,
+        instance=instance,
+        env_file=base + '.env',
+        limits_file=base + '.limits',
+        limits_json=base + '.limits.json',
+    )
+
+
+def scan_resources(root: str) -> t.List[str]:
+    """Names of the resources under ``root`` that have a pipe directory or a ``.started`` record."""
+    names = []
+    try:
+        first = sorted(os.listdir(root))
+    except OSError:
+        return names
+    for top in first:
+        top_dir = os.path.join(root, top)
+        if top.startswith('.') or top == 'shm' or os.path.islink(top_dir) or not os.path.isdir(top_dir):
+            continue
+        if _is_resource_dir(top_dir):
+            names.append(top)
+            continue
+        try:
+            second = sorted(os.listdir(top_dir))
+        except OSError:
+            continue
+        for sub in second:
+            sub_dir = os.path.join(top_dir, sub)
+            if not os.path.islink(sub_dir) and _is_resource_dir(sub_dir):
+                names.append('%s/%s' % (top, sub))
+    return [name for name in names if _is_valid(name)]
+
+
+def _is_resource_dir(path: str) -> bool:
+    return os.path.isdir(os.path.join(path, 'pipe')) or os.path.exists(os.path.join(path, '.started'))
+
+
+def _is_valid(name: str) -> bool:
+    try:
+        validate_name(name)
+    except InvalidParameterError:
+        return False
+    return True

@@ -1,0 +1,122 @@
+# Copyright: gpufleet.mps contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The ``gpufleet-mps@.service`` template unit, its per-instance environment files, and systemctl.
+
+The unit runs nothing of this collection: the compute mode is set with ``nvidia-smi``, the daemon is
+``nvidia-cuda-mps-control -d``, the persisted limits are replayed by feeding their command file to the
+control UI, so a host boots into a working MPS even when Python or the collection is broken.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import typing as t
+
+from ._errors import MpsError
+
+UNIT_NAME = 'gpufleet-mps@.service'
+UNIT_DIR = '/etc/systemd/system'
+SYSTEMCTL = 'systemctl'
+
+# "$$" is a literal "$" for systemd, so the shell, not systemd, expands the variables that the
+# EnvironmentFile exported to it.
+UNIT_TEMPLATE = """\
+# Managed by the gpufleet.mps Ansible collection. Local changes are overwritten.
+[Unit]
+Description=NVIDIA CUDA MPS control daemon for resource %I (gpufleet.mps)
+Documentation=https://github.com/gpufleet/mps
+After=nvidia-persistenced.service
+Wants=nvidia-persistenced.service
+ConditionPathExists={config_dir}/%i.env
+
+[Service]
+Type=forking
+EnvironmentFile={config_dir}/%i.env
+ExecStartPre=/bin/mkdir -p -m 0755 ${{CUDA_MPS_PIPE_DIRECTORY}} ${{CUDA_MPS_LOG_DIRECTORY}}
+ExecStartPre=/bin/sh -c 'if [ -n "$$MPS_COMPUTE_MODE" ]; then exec "$$MPS_NVIDIA_SMI" -i "$$CUDA_VISIBLE_DEVICES" -c "$$MPS_COMPUTE_MODE"; fi'
+ExecStart=/bin/sh -c 'exec "$$MPS_CONTROL" -d $$MPS_DAEMON_ARGS'
+ExecStartPost=/bin/sh -c 'if [ -s "$$MPS_LIMITS_FILE" ]; then "$$MPS_CONTROL" < "$$MPS_LIMITS_FILE" > /dev/null; fi'
+ExecStop=/bin/sh -c 'echo "quit -t $$MPS_STOP_TIMEOUT" | "$$MPS_CONTROL"'
+ExecStopPost=/bin/sh -c 'if [ -n "$$MPS_COMPUTE_MODE" ]; then "$$MPS_NVIDIA_SMI" -i "$$CUDA_VISIBLE_DEVICES" -c DEFAULT > /dev/null; fi'
+Restart=on-failure
+RestartSec=2s
+TimeoutStartSec={start_timeout}
+TimeoutStopSec={stop_timeout}
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def render_unit(config_dir: str, start_timeout: int, stop_timeout: int) -> str:
+    """The template unit's content."""
+    # systemd must give the daemon longer than quit -t does before it kills it.
+    return UNIT_TEMPLATE.format(config_dir=config_dir, start_timeout=int(start_timeout) + 10,
+                                stop_timeout=int(stop_timeout) + 10)
+
+
+def render_env(resource: str, values: t.Mapping[str, str]) -> str:
+    """An EnvironmentFile: one ``NAME=value`` per line, values without quotes or newlines."""
+    lines = ['# Managed by gpufleet.mps (mps_daemon) for MPS resource %s. Local changes are overwritten.' % resource]
+    for name in sorted(values):
+        value = values[name]
+        if any(char in value for char in '\n\r\0"\'\\'):
+            raise MpsError('refusing to write %s=%r to a systemd environment file' % (name, value))
+        lines.append('%s=%s' % (name, value))
+    return '\n'.join(lines) + '\n'
+
+
+def systemd_is_pid1() -> bool:
+    """True when systemd runs the host (what ``sd_booted()`` checks)."""
+    return os.path.isdir('/run/systemd/system')
+
+
+class Systemctl:
+    """``systemctl`` for the template unit's instances."""
+
+    def __init__(self, binary: str = SYSTEMCTL, timeout: float = 120) -> None:
+        self.binary = binary
+        self.timeout = timeout
+
+    def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        try:
+            proc = subprocess.run([self.binary] + list(args), capture_output=True, text=True, timeout=self.timeout, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise MpsError('systemctl %s failed: %s' % (' '.join(args), exc)) from exc
+        if check and proc.returncode != 0:
+            raise MpsError('systemctl %s failed with status %d: %s' % (' '.join(args), proc.returncode, (proc.stderr or proc.stdout).strip()),
+                           rc=proc.returncode)
+        return proc
+
+    def daemon_reload(self) -> None:
+        self._run('daemon-reload')
+
+    def is_active(self, unit: str) -> bool:
+        return self._run('is-active', '--quiet', unit, check=False).returncode == 0
+
+    def is_enabled(self, unit: str) -> bool:
+        return self._run('is-enabled', '--quiet', unit, check=False).returncode == 0
+
+    def main_pid(self, unit: str) -> t.Optional[int]:
+        out = self._run('show', '--property=MainPID', '--value', unit, check=False).stdout.strip()
+        return int(out) if out.isdigit() and int(out) > 0 else None
+
+    def start(self, unit: str) -> None:
+        self._run('start', unit)
+
+    def stop(self, unit: str) -> None:
+        self._run('stop', unit)
+
+    def restart(self, unit: str) -> None:
+        self._run('restart', unit)
+
+    def enable(self, unit: str) -> None:
+        self._run('enable', unit)
+
+    def disable(self, unit: str) -> None:
+        self._run('disable', unit)
+
+
+def instance_unit(instance: str) -> str:
+    return 'gpufleet-mps@%s.service' % instance

@@ -1,0 +1,263 @@
+#!/usr/bin/python
+# Copyright: gpufleet.mps contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r'''
+module: mps_daemon
+short_description: Run one NVIDIA CUDA MPS control daemon per resource, idempotently
+version_added: 0.1.0
+description:
+  - Starts, stops and restarts the MPS control daemon (C(nvidia-cuda-mps-control -d)) of one resource - a named
+    group of GPUs - under a root directory laid out like NVIDIA's Kubernetes device plugin
+    (C(<root>/<name>/pipe), C(<root>/<name>/log), C(<root>/<name>/.started)).
+  - Each daemon sees only its own GPUs (C(CUDA_VISIBLE_DEVICES) by UUID); a GPU can belong to one daemon under a root.
+  - A running daemon that answers and was started with the wanted devices, multi-user flag and supervisor is left
+    alone at the cost of one control UI process and one NVML initialisation. Anything else is restarted, and the diff
+    says what differed. A dead daemon's leftover files are cleaned up and the daemon started again, with a warning.
+  - The limits persisted for the resource (in O(config_dir)) are replayed right after every start, before any client
+    can connect.
+  - A daemon that is alive but does not answer within O(start_timeout) is reported, with its pid and log file, and
+    never killed.
+extends_documentation_fragment:
+  - gpufleet.mps._common
+attributes:
+  check_mode:
+    description: Reports what would change without touching GPUs, files or processes.
+    support: full
+  diff_mode:
+    description: Shows the daemon's state, devices, multi-user flag and supervisor before and after.
+    support: full
+  idempotent:
+    description: A second run with the same options changes nothing.
+    support: full
+options:
+  state:
+    description:
+      - V(started) starts the daemon when it is not running or was started differently (restarting it then).
+      - V(stopped) stops it with C(quit -t) O(stop_timeout), sets the compute mode of its GPUs back to DEFAULT unless
+        another daemon under O(root) uses them, and removes C(.started). Logs are kept.
+      - V(restarted) always restarts it.
+    type: str
+    choices: [started, stopped, restarted]
+    default: started
+  devices:
+    description:
+      - The GPUs of this resource - V(all), or a list of GPU indices, UUIDs (C(GPU-...)) or unique UUID prefixes, as
+        C(nvidia-smi -L) shows them. The order sets the daemon's device ordinals (0, 1, ...).
+      - Whole GPUs only; a GPU with MIG enabled is refused.
+    type: raw
+    default: all
+  compute_mode:
+    description:
+      - Compute mode set on the resource's GPUs before the daemon starts. NVIDIA recommends V(exclusive_process) under
+        MPS, so that only the MPS server holds the GPU. V(unchanged) leaves the mode alone, also on stop.
+      - The compute mode resets to DEFAULT at reboot; a run finds and repairs that without restarting the daemon.
+    type: str
+    choices: [exclusive_process, default, unchanged]
+    default: exclusive_process
+  multiuser:
+    description:
+      - Start the daemon with C(-multiuser-server) - one server shared by clients of every user (Volta and later).
+    type: bool
+    default: false
+  supervisor:
+    description:
+      - Who keeps the daemon running. V(systemd) runs it as C(gpufleet-mps@<instance>.service), which sets the compute
+        mode before start, replays the persisted limits after every start, stops it with C(quit -t) and restarts it on
+        failure. V(none) starts it directly (containers, CI, hosts without systemd).
+      - V(auto) is V(systemd) when systemd is PID 1, else V(none).
+    type: str
+    choices: [auto, systemd, none]
+    default: auto
+  enabled:
+    description:
+      - With O(supervisor=systemd), whether the unit starts at boot.
+    type: bool
+    default: true
+  start_timeout:
+    description:
+      - Seconds to wait for the daemon to start answering, and for any control UI answer.
+    type: int
+    default: 30
+  stop_timeout:
+    description:
+      - Seconds passed to C(quit -t) - after them the daemon forcibly ends the servers and clients still running.
+    type: int
+    default: 30
+notes:
+  - Needs root to change compute modes and to write under the default directories.
+  - Clients reach the daemon with the returned RV(env). A parent of the pipe directory that other users cannot
+    traverse makes non-root clients fail; the module warns about it.
+author:
+  - gpufleet.mps developers (@gpufleet)
+'''
+
+EXAMPLES = r'''
+- name: One daemon for every GPU, in the device plugin's default layout
+  gpufleet.mps.mps_daemon:
+    name: nvidia.com/gpu
+
+- name: Two daemons on disjoint GPUs, without systemd
+  gpufleet.mps.mps_daemon:
+    name: "{{ item.name }}"
+    devices: "{{ item.devices }}"
+    supervisor: none
+  loop:
+    - {name: train, devices: [0, 1]}
+    - {name: infer, devices: [2, 3]}
+
+- name: A daemon whose server is shared by every user
+  gpufleet.mps.mps_daemon:
+    name: shared
+    devices: [GPU-6a2b5c1e]
+    multiuser: true
+
+- name: Stop it, give its GPUs back to non-MPS users
+  gpufleet.mps.mps_daemon:
+    name: shared
+    state: stopped
+'''
+
+RETURN = r'''
+pid:
+  description: Pid of the running control daemon; null when stopped (or in check mode before a start).
+  returned: always
+  type: int
+  sample: 4182
+pipe_dir:
+  description: The daemon's pipe directory (C(CUDA_MPS_PIPE_DIRECTORY)).
+  returned: always
+  type: str
+  sample: /run/nvidia/mps/nvidia.com/gpu/pipe
+log_dir:
+  description: The daemon's log directory (C(control.log), C(server.log)).
+  returned: always
+  type: str
+  sample: /run/nvidia/mps/nvidia.com/gpu/log
+devices:
+  description: The resource's GPUs in the daemon's ordinal order; empty when stopped.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{index: 0, uuid: GPU-6a2b5c1e-5f0e-4e9b-9a55-1c7f2a1b0c01, name: NVIDIA H100 80GB HBM3}]
+env:
+  description: The environment a CUDA client needs to use this daemon.
+  returned: always
+  type: dict
+  sample: {CUDA_MPS_PIPE_DIRECTORY: /run/nvidia/mps/nvidia.com/gpu/pipe, CUDA_MPS_LOG_DIRECTORY: /run/nvidia/mps/nvidia.com/gpu/log}
+supervisor:
+  description: The supervisor in effect (V(auto) resolved).
+  returned: always
+  type: str
+  sample: systemd
+started_at:
+  description: When the running daemon was started by this collection (UTC, ISO 8601); null when stopped.
+  returned: always
+  type: str
+  sample: '2026-12-02T13:04:59Z'
+forced:
+  description: Whether stopping the daemon had to force out servers or clients after O(stop_timeout).
+  returned: always
+  type: bool
+  sample: false
+actions:
+  description: What was done (or, in check mode, would be done), in order.
+  returned: always
+  type: list
+  elements: str
+  sample: ['set compute mode EXCLUSIVE_PROCESS on GPU 0 (GPU-6a2b5c1e-5f0e-4e9b-9a55-1c7f2a1b0c01)', 'start the MPS control daemon']
+'''
+
+import shutil
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpufleet.mps.plugins.module_utils._daemon import Daemon
+from ansible_collections.gpufleet.mps.plugins.module_utils._errors import InvalidParameterError, MpsError
+from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import Nvml
+from ansible_collections.gpufleet.mps.plugins.module_utils._resource import ResourceManager, require_binary
+from ansible_collections.gpufleet.mps.plugins.module_utils._root import config_paths, resource_paths
+from ansible_collections.gpufleet.mps.plugins.module_utils._systemd import Systemctl, systemd_is_pid1
+
+
+def argument_spec():
+    return dict(
+        name=dict(type='str', required=True),
+        root=dict(type='path', default='/run/nvidia/mps'),
+        config_dir=dict(type='path', default='/etc/gpufleet-mps'),
+        control_binary=dict(type='path'),
+        state=dict(type='str', choices=['started', 'stopped', 'restarted'], default='started'),
+        devices=dict(type='raw', default='all'),
+        compute_mode=dict(type='str', choices=['exclusive_process', 'default', 'unchanged'], default='exclusive_process'),
+        multiuser=dict(type='bool', default=False),
+        supervisor=dict(type='str', choices=['auto', 'systemd', 'none'], default='auto'),
+        enabled=dict(type='bool', default=True),
+        start_timeout=dict(type='int', default=30),
+        stop_timeout=dict(type='int', default=30),
+    )
+
+
+def run(module):
+    params = module.params
+    for timeout in ('start_timeout', 'stop_timeout'):
+        if params[timeout] < 0 or (timeout == 'start_timeout' and params[timeout] == 0):
+            raise InvalidParameterError(timeout, 'must be a positive number of seconds, got %d' % params[timeout])
+    devices = params['devices']
+    if not (devices == 'all' or isinstance(devices, list)):
+        raise InvalidParameterError('devices', 'must be "all" or a list of GPU indices, UUIDs or unique UUID prefixes')
+    paths = resource_paths(params['root'], params['name'])
+    config = config_paths(params['config_dir'], params['name'])
+    binary = require_binary(params['control_binary'] or shutil.which('nvidia-cuda-mps-control'))
+    supervisor = params['supervisor']
+    if supervisor == 'auto':
+        supervisor = 'systemd' if systemd_is_pid1() else 'none'
+    systemctl = None
+    nvidia_smi = None
+    if supervisor == 'systemd':
+        systemctl_path = shutil.which('systemctl')
+        if not systemctl_path:
+            raise InvalidParameterError('supervisor', 'systemd was asked for but systemctl is not installed')
+        systemctl = Systemctl(systemctl_path)
+        nvidia_smi = shutil.which('nvidia-smi') or '/usr/bin/nvidia-smi'
+    daemon = Daemon(paths, binary, start_timeout=params['start_timeout'], stop_timeout=params['stop_timeout'])
+
+    with Nvml() as nvml:
+        manager = ResourceManager(paths, config, daemon, nvml, supervisor, module.check_mode,
+                                  systemctl=systemctl, nvidia_smi=nvidia_smi)
+        outcome = manager.ensure(params['state'], devices, params['multiuser'], params['compute_mode'], params['enabled'])
+        if nvml.enumeration_var_was_set:
+            outcome.warnings.append('NVML_MPS_DEVICE_ENUMERATION was set in the module environment; it was ignored '
+                                    '(it makes NVML compute-mode calls fail)')
+
+    for warning in outcome.warnings:
+        module.warn(warning)
+    running = params['state'] != 'stopped'
+    result = dict(
+        changed=outcome.changed,
+        pid=outcome.pid if running else None,
+        pipe_dir=paths.pipe_dir,
+        log_dir=paths.log_dir,
+        devices=outcome.devices if running else [],
+        env=paths.client_env(),
+        supervisor=supervisor,
+        started_at=outcome.started_at if running else None,
+        forced=outcome.forced,
+        actions=outcome.actions,
+    )
+    if module._diff:
+        result['diff'] = dict(before=outcome.before, after=outcome.after)
+    return result
+
+
+def main():
+    module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
+    try:
+        result = run(module)
+    except MpsError as exc:
+        module.fail_json(**exc.fail_kwargs())
+    module.exit_json(**result)
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,106 @@
+# Copyright: gpufleet.mps contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ansible_collections.gpufleet.mps.plugins.module_utils import _daemon
+from ansible_collections.gpufleet.mps.plugins.module_utils._root import resource_paths
+
+
+@pytest.fixture
+def paths(tmp_path):
+    p = resource_paths(str(tmp_path), 'res')
+    os.makedirs(p.pipe_dir)
+    return p
+
+
+def test_lock_holders_reads_proc_locks_for_the_files_inode(tmp_path):
+    target = tmp_path / 'control_lock'
+    target.write_text('')
+    st = os.stat(target)
+    devino = '%02x:%02x:%d' % (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+    locks = tmp_path / 'locks'
+    locks.write_text(
+        '1: POSIX  ADVISORY  WRITE 4242 %s 0 EOF\n'
+        '1: -> POSIX  ADVISORY  WRITE 5151 %s 0 EOF\n'
+        '2: FLOCK  ADVISORY  WRITE 99 00:01:1 0 EOF\n' % (devino, devino))
+    assert _daemon.lock_holders(str(target), str(locks)) == [4242]
+
+
+def test_lock_holders_is_empty_for_a_missing_file_and_unknown_without_proc_locks(tmp_path):
+    assert _daemon.lock_holders(str(tmp_path / 'nope')) == []
+    (tmp_path / 'f').write_text('')
+    assert _daemon.lock_holders(str(tmp_path / 'f'), str(tmp_path / 'no-proc-locks')) is None
+
+
+def test_a_held_control_lock_means_a_running_daemon(paths):
+    lock = os.open(os.path.join(paths.pipe_dir, 'control_lock'), os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with open(os.path.join(paths.pipe_dir, _daemon.PID_FILE), 'w') as handle:
+            handle.write(str(os.getpid()))
+        state = _daemon.inspect(paths)
+        assert state.running and state.pid == os.getpid() and not state.stale
+    finally:
+        os.close(lock)
+    state = _daemon.inspect(paths)
+    assert not state.running and state.stale and state.pid is None
+    assert _daemon.PID_FILE in state.leftovers
+
+
+def test_a_pid_file_naming_an_unrelated_live_process_is_stale_not_running(paths):
+    unrelated = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])
+    try:
+        with open(os.path.join(paths.pipe_dir, _daemon.PID_FILE), 'w') as handle:
+            handle.write(str(unrelated.pid))
+        open(os.path.join(paths.pipe_dir, 'control_lock'), 'w').close()
+        state = _daemon.inspect(paths)
+        assert not state.running and state.stale
+        assert state.pid_file_pid == unrelated.pid
+    finally:
+        unrelated.kill()
+        unrelated.wait()
+
+
+def test_nothing_in_the_pipe_dir_is_stopped_not_stale(paths):
+    state = _daemon.inspect(paths)
+    assert not state.running and not state.stale and state.leftovers == []
+
+
+def test_daemon_env_is_minimal_and_pins_devices_by_uuid(paths):
+    env = _daemon.daemon_env(paths, ['GPU-a', 'GPU-b'], {
+        'PATH': '/usr/bin', 'LD_LIBRARY_PATH': '/opt/nvidia/lib', 'NVML_MPS_DEVICE_ENUMERATION': '1',
+        'CUDA_VISIBLE_DEVICES': '7', 'HOME': '/root', 'CUDA_MPS_ACTIVE_THREAD_PERCENTAGE': '10'})
+    assert env == {
+        'PATH': '/usr/bin',
+        'LD_LIBRARY_PATH': '/opt/nvidia/lib',
+        'CUDA_MPS_PIPE_DIRECTORY': paths.pipe_dir,
+        'CUDA_MPS_LOG_DIRECTORY': paths.log_dir,
+        'CUDA_VISIBLE_DEVICES': 'GPU-a,GPU-b',
+    }
+
+
+def test_daemon_env_has_a_default_path(paths):
+    assert _daemon.daemon_env(paths, ['GPU-a'], {})['PATH'] == _daemon.DEFAULT_PATH
+
+
+def test_resource_lock_serialises_two_holders(tmp_path):
+    path = str(tmp_path / 'r' / '.lock')
+    with _daemon.ResourceLock(path):
+        probe = os.open(path, os.O_RDWR)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(probe)
+    probe = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(probe)

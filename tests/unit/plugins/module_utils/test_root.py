@@ -1,0 +1,86 @@
+# Copyright: gpufleet.mps contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+
+from ansible_collections.gpufleet.mps.plugins.module_utils._errors import InvalidParameterError
+from ansible_collections.gpufleet.mps.plugins.module_utils._root import (
+    MAX_SOCKET_PATH_BYTES,
+    resource_paths,
+    systemd_instance,
+    validate_name,
+    validate_root,
+)
+
+
+@pytest.mark.parametrize('name', ['train', 'nvidia.com/gpu', 'a_b-c.d', 'x/y', '...', 'a..b'])
+def test_valid_resource_names_are_accepted(name):
+    assert validate_name(name) == name
+
+
+@pytest.mark.parametrize('name', [
+    '', '/abs', 'a/', '/', 'a//b', 'a/b/c', '.', '..', 'a/..', '../../etc', 'a/../../b', './a',
+    'with space', 'new\nline', 'nul\0byte', 'semi;colon', '$(id)', 'back`tick`', 'ünï', None, 3,
+])
+def test_invalid_resource_names_fail_naming_the_parameter(name):
+    with pytest.raises(InvalidParameterError) as excinfo:
+        validate_name(name)
+    assert excinfo.value.param == 'name'
+    assert excinfo.value.msg.startswith('name: ')
+    assert '"nvidia.com/gpu"' in excinfo.value.msg
+
+
+@pytest.mark.parametrize('root', ['relative/dir', '', '/', '/a\nb', '/a\0b', None])
+def test_invalid_roots_fail_naming_root(root):
+    with pytest.raises(InvalidParameterError) as excinfo:
+        validate_root(root)
+    assert excinfo.value.param == 'root'
+
+
+def test_root_is_normalised():
+    assert validate_root('/run//nvidia/mps/') == '/run/nvidia/mps'
+
+
+def test_resource_paths_follow_the_device_plugin_layout():
+    paths = resource_paths('/run/nvidia/mps', 'nvidia.com/gpu')
+    assert paths.resource_dir == '/run/nvidia/mps/nvidia.com/gpu'
+    assert paths.pipe_dir == '/run/nvidia/mps/nvidia.com/gpu/pipe'
+    assert paths.log_dir == '/run/nvidia/mps/nvidia.com/gpu/log'
+    assert paths.started_file == '/run/nvidia/mps/nvidia.com/gpu/.started'
+    assert paths.control_socket == '/run/nvidia/mps/nvidia.com/gpu/pipe/control'
+    assert paths.client_env() == {
+        'CUDA_MPS_PIPE_DIRECTORY': '/run/nvidia/mps/nvidia.com/gpu/pipe',
+        'CUDA_MPS_LOG_DIRECTORY': '/run/nvidia/mps/nvidia.com/gpu/log',
+    }
+
+
+def test_control_socket_of_exactly_107_bytes_is_accepted_and_108_refused():
+    suffix = '/r/pipe/control'
+    fits = '/' + 'x' * (MAX_SOCKET_PATH_BYTES - len(suffix) - 1)
+    assert len(resource_paths(fits, 'r').control_socket) == MAX_SOCKET_PATH_BYTES
+    with pytest.raises(InvalidParameterError) as excinfo:
+        resource_paths(fits + 'y', 'r')
+    assert excinfo.value.param == 'root'
+    assert '108 bytes' in excinfo.value.msg
+
+
+@pytest.mark.parametrize('name, escaped', [
+    ('train', 'train'),
+    ('nvidia.com/gpu', 'nvidia.com-gpu'),
+    ('my-res', 'my\\x2dres'),
+    ('.hidden', '\\x2ehidden'),
+    ('a_b:c', 'a_b:c'),
+])
+def test_systemd_instance_names_escape_like_systemd_escape(name, escaped):
+    assert systemd_instance(name) == escaped
+
+
+@pytest.mark.skipif(shutil.which('systemd-escape') is None, reason='systemd-escape not installed')
+@pytest.mark.parametrize('name', ['nvidia.com/gpu', 'a-b/c_d', '.x', 'A.B-9/z'])
+def test_systemd_instance_matches_the_real_systemd_escape(name):
+    real = subprocess.run(['systemd-escape', name], check=True, capture_output=True, text=True).stdout.strip()
+    assert systemd_instance(name) == real

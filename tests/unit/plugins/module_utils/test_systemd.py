@@ -1,0 +1,54 @@
+# Copyright: gpufleet.mps contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from ansible_collections.gpufleet.mps.plugins.module_utils import _systemd
+from ansible_collections.gpufleet.mps.plugins.module_utils._errors import MpsError
+
+
+def test_unit_reads_the_instance_environment_and_replays_limits_after_start():
+    unit = _systemd.render_unit('/etc/gpufleet-mps', 30, 20)
+    assert 'EnvironmentFile=/etc/gpufleet-mps/%i.env' in unit
+    assert 'Type=forking' in unit
+    assert 'Restart=on-failure' in unit
+    assert "ExecStop=/bin/sh -c 'echo \"quit -t $$MPS_STOP_TIMEOUT\" | \"$$MPS_CONTROL\"'" in unit
+    assert 'ExecStartPost=' in unit and '$$MPS_LIMITS_FILE' in unit
+    # systemd kills only after quit -t had its chance
+    assert 'TimeoutStopSec=30' in unit
+
+
+def test_env_file_is_sorted_and_refuses_values_that_could_break_out():
+    text = _systemd.render_env('train', {'B': '2', 'A': '1'})
+    assert text.splitlines()[1:] == ['A=1', 'B=2']
+    for bad in ('x\ny=1', 'a"b', "a'b", 'a\\b', 'a\0b'):
+        with pytest.raises(MpsError):
+            _systemd.render_env('train', {'A': bad})
+
+
+@pytest.mark.skipif(shutil.which('systemd-analyze') is None, reason='systemd-analyze not installed')
+def test_rendered_unit_passes_systemd_analyze_verify_without_any_message(tmp_path):
+    config_dir = tmp_path / 'etc'
+    config_dir.mkdir()
+    (config_dir / 'train.env').write_text(_systemd.render_env('train', {
+        'CUDA_MPS_PIPE_DIRECTORY': str(tmp_path / 'pipe'), 'CUDA_MPS_LOG_DIRECTORY': str(tmp_path / 'log'),
+        'CUDA_VISIBLE_DEVICES': 'GPU-a', 'MPS_CONTROL': '/bin/true', 'MPS_DAEMON_ARGS': '', 'MPS_COMPUTE_MODE': '',
+        'MPS_NVIDIA_SMI': '/bin/true', 'MPS_STOP_TIMEOUT': '5', 'MPS_LIMITS_FILE': str(tmp_path / 'limits')}))
+    unit_dir = tmp_path / 'units'
+    unit_dir.mkdir()
+    (unit_dir / _systemd.UNIT_NAME).write_text(_systemd.render_unit(str(config_dir), 30, 30))
+    os.symlink(_systemd.UNIT_NAME, unit_dir / 'gpufleet-mps@train.service')
+    proc = subprocess.run(['systemd-analyze', 'verify', '--man=no', str(unit_dir / 'gpufleet-mps@train.service')],
+                          capture_output=True, text=True, check=False,
+                          env=dict(os.environ, SYSTEMD_UNIT_PATH='%s:' % unit_dir, SYSTEMD_LOG_LEVEL='notice'))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ''
+
+
+def test_instance_unit_name():
+    assert _systemd.instance_unit('nvidia.com-gpu') == 'gpufleet-mps@nvidia.com-gpu.service'

@@ -1,0 +1,58 @@
+# Copyright: gpufleet.mps contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ansible.module_utils.testing import patch_module_args
+
+from ansible_collections.gpufleet.mps.plugins.modules import mps_daemon
+
+
+def run_module(args, capsys):
+    with patch_module_args(args):
+        with pytest.raises(SystemExit):
+            mps_daemon.main()
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize('args, message', [
+    ({'name': '../../etc'}, 'name: '),
+    ({'name': 'a', 'root': 'relative'}, 'root: '),
+    ({'name': 'a', 'start_timeout': 0}, 'start_timeout: '),
+    ({'name': 'a', 'stop_timeout': -1}, 'stop_timeout: '),
+    ({'name': 'a', 'devices': 'some'}, 'devices: '),
+    ({'name': 'a', 'control_binary': '/nonexistent/bin'}, 'control_binary: '),
+    ({'name': 'a', 'config_dir': 'etc'}, 'config_dir: '),
+])
+def test_bad_input_fails_naming_the_parameter(args, message, capsys, tmp_path):
+    args.setdefault('root', str(tmp_path / 'root'))
+    result = run_module(args, capsys)
+    assert result['failed']
+    assert result['msg'].startswith(message)
+    assert not (tmp_path / 'root').exists()
+
+
+def test_start_noop_and_stop_through_main(simhost, capsys):
+    common = {
+        'name': 'nvidia.com/gpu',
+        'root': str(simhost / 'root'),
+        'config_dir': str(simhost / 'etc'),
+        'control_binary': str(simhost / 'host' / 'bin' / 'nvidia-cuda-mps-control'),
+        'supervisor': 'none',
+        'devices': [1, 0],
+        'stop_timeout': 5,
+    }
+    started = run_module(dict(common, _ansible_diff=True), capsys)
+    assert started['changed'] and started['pid'] > 0, started
+    assert [d['index'] for d in started['devices']] == [1, 0]
+    assert started['diff']['before']['state'] == 'stopped'
+
+    noop = run_module(common, capsys)
+    assert not noop['changed'] and noop['pid'] == started['pid'] and noop['actions'] == []
+
+    stopped = run_module(dict(common, state='stopped'), capsys)
+    assert stopped['changed'] and stopped['pid'] is None
+    assert not (simhost / 'root' / 'nvidia.com' / 'gpu' / '.started').exists()
