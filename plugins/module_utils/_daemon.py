@@ -123,6 +123,39 @@ def _looks_like_daemon(pid: int) -> bool:
     return comm == 'nvidia-cuda-mps-control'[:15]
 
 
+def child_pids(pid: int) -> t.List[int]:
+    """Pids of the children of ``pid``: for a control daemon, its MPS servers.
+
+    Lets one UI session ask about every server (``get_server_list`` in the same batch says which of
+    them really are servers) instead of a first session for the list and a second for the details.
+    """
+    children: t.Set[int] = set()
+    try:
+        tasks = os.listdir('/proc/%d/task' % pid)
+    except OSError:
+        return []
+    found_children_files = False
+    for tid in tasks:
+        try:
+            with open('/proc/%d/task/%s/children' % (pid, tid), encoding='ascii') as handle:
+                children.update(int(word) for word in handle.read().split())
+            found_children_files = True
+        except (OSError, ValueError):
+            continue
+    if not found_children_files:
+        # Kernels without CONFIG_PROC_CHILDREN: scan every process's parent.
+        for entry in os.listdir('/proc'):
+            if not entry.isdigit():
+                continue
+            try:
+                with open('/proc/%s/stat' % entry, encoding='ascii', errors='replace') as handle:
+                    if int(handle.read().rsplit(')', 1)[1].split()[1]) == pid:
+                        children.add(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue
+    return sorted(children)
+
+
 def daemon_env(paths: ResourcePaths, uuids: t.Sequence[str], environ: t.Optional[t.Mapping[str, str]] = None) -> t.Dict[str, str]:
     """The daemon's whole environment: nothing inherited but the library search path.
 

@@ -21,7 +21,7 @@ from ._daemon import Daemon, DaemonState, inspect
 from ._errors import DeviceSelectionError, InvalidParameterError
 from ._gpus import Gpu, Nvml, resolve_devices
 from ._io import atomic_write, ensure_dir, read_json, read_text, remove, untraversable_parents
-from ._limits import read_replay
+from ._limits import read_persisted, read_replay, write_replay
 from ._root import ConfigPaths, ResourcePaths, resource_paths, scan_resources
 from ._systemd import Systemctl, instance_unit, render_env, render_unit, UNIT_DIR, UNIT_NAME
 
@@ -182,7 +182,7 @@ class ResourceManager:
     def _start(self, wanted: Wanted, out: Outcome, restart: bool) -> None:
         self._set_compute_modes(wanted.devices, wanted.compute_mode, out)
         self._prepare_dirs(out)
-        replay = read_replay(self.config)
+        replay = self._replay_for(wanted, out)
         if self.supervisor == 'systemd':
             self._install_unit(wanted, out)
             out.act('%s %s' % ('restart' if restart else 'start', self.unit))
@@ -200,6 +200,18 @@ class ResourceManager:
                 return
             pid = self.daemon.start([gpu.uuid for gpu in wanted.devices], wanted.multiuser, replay)
         self._write_record(wanted, pid, out)
+
+    def _replay_for(self, wanted: Wanted, out: Outcome) -> t.List[str]:
+        """The persisted limits as commands for this daemon's device order (commands file rewritten to match)."""
+        limits = read_persisted(self.config)
+        uuids = [gpu.uuid for gpu in wanted.devices]
+        if limits is None:
+            return read_replay(self.config)
+        if not self.check_mode:
+            ensure_dir(self.config.config_dir, 0o755)
+        if write_replay(self.config, limits, uuids, self.check_mode):
+            out.act('write %s for the new device order' % self.config.limits_file)
+        return limits.commands(uuids)
 
     def _install_unit(self, wanted: Wanted, out: Outcome) -> None:
         unit_path = os.path.join(self.unit_dir, UNIT_NAME)

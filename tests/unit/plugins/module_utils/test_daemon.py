@@ -104,3 +104,18 @@ def test_resource_lock_serialises_two_holders(tmp_path):
         fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
     finally:
         os.close(probe)
+
+
+def test_child_pids_lists_the_children_of_a_process():
+    children = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']) for _ in range(2)]
+    try:
+        found = _daemon.child_pids(os.getpid())
+        assert {child.pid for child in children} <= set(found)
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
+
+
+def test_child_pids_of_a_missing_process_is_empty():
+    assert _daemon.child_pids(2 ** 22 + 12345) == []
