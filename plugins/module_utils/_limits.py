@@ -33,7 +33,7 @@ FORMAT_VERSION = 1
 EVERY_GPU = '*'
 REPLAYABLE = ('set_default_active_thread_percentage', 'set_default_device_pinned_mem_limit')
 SIZE_FORM = 'a size such as 20G, 20480M, 20GiB or 1.5G (M and MiB are 2^20 bytes, G and GiB 2^30)'
-_SIZE = re.compile(r'(?P<number>\d+(?:\.\d+)?)\s*(?P<unit>[MG])(?:i?B)?', re.IGNORECASE)
+_SIZE = re.compile(r'(?P<number>\d+(?:\.\d+)?)(?P<unit>[MG])(?:i?B)?', re.IGNORECASE)
 _READBACK = re.compile(r'(?P<number>\d+)(?P<unit>[MG])')
 _PERCENT_TOLERANCE = 0.05
 
@@ -42,7 +42,7 @@ def parse_size(value: t.Any, param: str) -> int:
     """A size in whole MiB. Plain numbers are refused: the unit must be explicit."""
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise InvalidParameterError(param, '%r is not %s' % (value, SIZE_FORM))
-    match = _SIZE.fullmatch(str(value).strip())
+    match = _SIZE.fullmatch(str(value))
     if not match:
         raise InvalidParameterError(param, '%r is not %s' % (value, SIZE_FORM))
     number = float(match.group('number'))
@@ -201,3 +201,16 @@ def read_replay(config: ConfigPaths) -> t.List[str]:
             raise MpsError('%s line %d: %r is not a limit command; refusing to replay it' % (config.limits_file, number, line))
         commands.append(command(*words))
     return commands
+
+
+def uuids_from_environ(pid: int) -> t.Optional[t.List[str]]:
+    """``CUDA_VISIBLE_DEVICES`` of a running daemon not started by this collection (None when unreadable)."""
+    try:
+        with open('/proc/%d/environ' % pid, 'rb') as handle:
+            entries = handle.read().split(b'\0')
+    except OSError:
+        return None
+    for entry in entries:
+        if entry.startswith(b'CUDA_VISIBLE_DEVICES='):
+            return [item.strip() for item in entry.split(b'=', 1)[1].decode('utf-8', 'replace').split(',') if item.strip()]
+    return None

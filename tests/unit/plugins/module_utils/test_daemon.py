@@ -107,7 +107,7 @@ def test_resource_lock_serialises_two_holders(tmp_path):
 
 
 def test_child_pids_lists_the_children_of_a_process():
-    children = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']) for _ in range(2)]
+    children = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']) for dummy in range(2)]
     try:
         found = _daemon.child_pids(os.getpid())
         assert {child.pid for child in children} <= set(found)

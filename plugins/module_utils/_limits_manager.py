@@ -1,0 +1,294 @@
+# Copyright: gpufleet.mps contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Bring a resource's MPS limits to the wanted values: compute, compare, apply, persist.
+
+One UI process reads everything (defaults, the server list, every server's own limits); at most one
+more applies the differences. The persisted record is the truth for what was set - the daemon's
+memory read-back is lossy (``3840M`` reads ``3G``) - and the read-back detects drift, for example
+after a restart that nobody replayed the limits for.
+"""
+
+from __future__ import annotations
+
+import typing as t
+from dataclasses import dataclass, field
+
+from ._control import Reply, command, expect_silent, parse_percentage, parse_pids
+from ._daemon import Daemon, child_pids, inspect
+from ._errors import ControlCommandError, DeviceSelectionError, InvalidParameterError, MpsError
+from ._gpus import Gpu, resolve_devices
+from ._io import ensure_dir, read_json
+from ._limits import (
+    EVERY_GPU, Limits, format_percentage, parse_percentage as parse_wanted_percentage, parse_readback, parse_size,
+    percentage_matches, persist, read_persisted, readback_matches, uuids_from_environ, write_replay,
+)
+from ._root import ConfigPaths, ResourcePaths
+
+RUNNING_SERVERS_CHOICES = ('ignore', 'update')
+
+
+@dataclass
+class ServerLimits:
+    pid: int
+    active_thread_percentage: t.Optional[float]
+    pinned_device_mem_limit: t.Dict[int, t.Optional[str]]
+
+    def as_dict(self) -> t.Dict[str, t.Any]:
+        return {'pid': self.pid, 'active_thread_percentage': self.active_thread_percentage,
+                'pinned_device_mem_limit': {str(k): v for k, v in self.pinned_device_mem_limit.items()}}
+
+
+@dataclass
+class LimitsOutcome:
+    changed: bool = False
+    applied: bool = False
+    persisted: bool = False
+    running: bool = False
+    commands: t.List[str] = field(default_factory=list)
+    warnings: t.List[str] = field(default_factory=list)
+    limits: t.Dict[str, t.Any] = field(default_factory=dict)
+    before: t.Dict[str, t.Any] = field(default_factory=dict)
+    after: t.Dict[str, t.Any] = field(default_factory=dict)
+    pending: t.List[t.Dict[str, t.Any]] = field(default_factory=list)
+    ui_processes: int = 0
+
+
+class LimitsManager:
+    """Limits of one resource."""
+
+    def __init__(self, paths: ResourcePaths, config: ConfigPaths, daemon: t.Optional[Daemon], gpus: t.Sequence[Gpu],
+                 check_mode: bool) -> None:
+        self.paths = paths
+        self.config = config
+        self.daemon = daemon
+        self.gpus = list(gpus)
+        self.check_mode = check_mode
+
+    # --- what the daemon has ----------------------------------------------------------------------
+    def scope(self, create: bool) -> t.Tuple[t.List[Gpu], bool, t.Optional[int]]:
+        """The daemon's GPUs in ordinal order, whether it runs, and its pid."""
+        state = inspect(self.paths)
+        record = read_json(self.paths.started_file)
+        uuids: t.Optional[t.List[str]] = None
+        if isinstance(record, dict) and isinstance(record.get('devices'), list):
+            uuids = [str(uuid) for uuid in record['devices']]
+        elif state.running and state.pid:
+            uuids = uuids_from_environ(state.pid)
+            if uuids is not None:
+                uuids = [gpu.uuid for gpu in resolve_devices(uuids, self.gpus, param='CUDA_VISIBLE_DEVICES of the daemon')]
+        if uuids is None:
+            if state.running:
+                return list(self.gpus), True, state.pid  # a daemon without CUDA_VISIBLE_DEVICES sees every GPU
+            if read_persisted(self.config) is None and not create:
+                raise MpsError('name: resource %r has no daemon under %s and no persisted limits in %s; start it with '
+                               'gpufleet.mps.mps_daemon first, or set create=true to persist limits for its first start'
+                               % (self.paths.name, self.paths.root, self.config.config_dir))
+            return list(self.gpus), False, None
+        by_uuid = {gpu.uuid: gpu for gpu in self.gpus}
+        missing = [uuid for uuid in uuids if uuid not in by_uuid]
+        if missing:
+            raise DeviceSelectionError('the daemon of %r was started on %s, which NVML no longer reports' % (
+                self.paths.name, ', '.join(missing)))
+        return [by_uuid[uuid] for uuid in uuids], state.running, state.pid
+
+    # --- what is wanted ---------------------------------------------------------------------------
+    def wanted(self, scope: t.Sequence[Gpu], percentage: t.Any, mem: t.Any, replicas: t.Any) -> Limits:
+        previous = read_persisted(self.config) or Limits()
+        limits = Limits(previous.active_thread_percentage, dict(previous.pinned_device_mem_limit), previous.replicas)
+        if replicas is not None:
+            if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+                raise InvalidParameterError('replicas', 'must be an integer of at least 1, got %r' % (replicas,))
+            for gpu in scope:
+                if replicas > gpu.max_mps_clients:
+                    raise InvalidParameterError('replicas', '%d exceeds the %d MPS clients GPU %d (%s, compute capability %d.%d) '
+                                                'supports' % (replicas, gpu.max_mps_clients, gpu.index, gpu.name,
+                                                              gpu.compute_capability[0], gpu.compute_capability[1]))
+            limits.replicas = replicas
+            limits.active_thread_percentage = float(100 // replicas)
+            limits.pinned_device_mem_limit = {gpu.uuid: gpu.memory_total_mib // replicas for gpu in scope}
+        if percentage is not None:
+            limits.active_thread_percentage = parse_wanted_percentage(percentage)
+        if mem is not None:
+            limits.pinned_device_mem_limit = self._wanted_mem(scope, mem)
+        return limits
+
+    def _wanted_mem(self, scope: t.Sequence[Gpu], mem: t.Any) -> t.Dict[str, int]:
+        param = 'pinned_device_mem_limit'
+        if not isinstance(mem, dict):
+            return {EVERY_GPU: parse_size(mem, param)}
+        if not mem:
+            raise InvalidParameterError(param, 'must be a size or a non-empty mapping of GPU index or UUID to size')
+        result: t.Dict[str, int] = {}
+        scope_uuids = {gpu.uuid for gpu in scope}
+        for key, value in mem.items():
+            gpu = resolve_devices([key], self.gpus, param=param)[0]
+            if gpu.uuid not in scope_uuids:
+                raise InvalidParameterError(param, 'GPU %r (%d, %s) is not one of the daemon\'s GPUs (%s)' % (
+                    key, gpu.index, gpu.uuid, ', '.join('%d' % g.index for g in scope)))
+            if gpu.uuid in result:
+                raise InvalidParameterError(param, 'GPU %d (%s) is given twice' % (gpu.index, gpu.uuid))
+            result[gpu.uuid] = parse_size(value, '%s[%s]' % (param, key))
+        return result
+
+    # --- read, compare, apply ---------------------------------------------------------------------
+    def read(self, scope: t.Sequence[Gpu], pid: t.Optional[int]) -> t.Tuple[t.Optional[float], t.Dict[int, t.Optional[str]], t.List[ServerLimits]]:
+        """Defaults and every server's limits, in one UI process."""
+        daemon = self.daemon
+        if daemon is None:
+            raise MpsError('the control binary is needed to read the limits of a running daemon')
+        cmds = [command('get_default_active_thread_percentage')]
+        cmds += [command('get_default_device_pinned_mem_limit', ordinal) for ordinal in range(len(scope))]
+        cmds.append(command('get_server_list'))
+        candidates = child_pids(pid) if pid else []
+        for cand in candidates:
+            cmds.append(command('get_active_thread_percentage', cand))
+            cmds += [command('get_device_pinned_mem_limit', cand, ordinal) for ordinal in range(len(scope))]
+        replies = daemon.query(cmds)
+        pct = parse_percentage(replies[0])
+        mem = {ordinal: _mem_text(replies[1 + ordinal]) for ordinal in range(len(scope))}
+        servers_reply = replies[1 + len(scope)]
+        servers = set(parse_pids(servers_reply))
+        per = 1 + len(scope)
+        found = []
+        base = 2 + len(scope)
+        for n, cand in enumerate(candidates):
+            if cand not in servers:
+                continue
+            chunk = replies[base + n * per: base + (n + 1) * per]
+            found.append(ServerLimits(cand, _optional_percentage(chunk[0]), {o: _mem_text(chunk[1 + o]) for o in range(len(scope))}))
+        unseen = servers - {server.pid for server in found}
+        for spid in sorted(unseen):
+            found.append(ServerLimits(spid, None, {}))
+        return pct, mem, found
+
+    def ensure(self, percentage: t.Any, mem: t.Any, replicas: t.Any, running_servers: str, persist_limits: bool,
+               create: bool) -> LimitsOutcome:
+        if running_servers not in RUNNING_SERVERS_CHOICES:
+            raise InvalidParameterError('running_servers', 'must be one of %s' % ', '.join(RUNNING_SERVERS_CHOICES))
+        if percentage is None and mem is None and replicas is None:
+            raise InvalidParameterError('active_thread_percentage', 'give at least one of active_thread_percentage, '
+                                        'pinned_device_mem_limit or replicas')
+        scope, running, pid = self.scope(create)
+        wanted = self.wanted(scope, percentage, mem, replicas)
+        persisted = read_persisted(self.config)
+        out = LimitsOutcome(running=running)
+        out.limits = self._describe(wanted, scope)
+        out.after = {'active_thread_percentage': wanted.active_thread_percentage,
+                     'pinned_device_mem_limit': {str(o): _mib_text(wanted.mem_for(g.uuid)) for o, g in enumerate(scope)}}
+        if running:
+            pct, mem_read, servers = self.read(scope, pid)
+            out.before = {'active_thread_percentage': pct,
+                          'pinned_device_mem_limit': {str(o): v for o, v in mem_read.items()}}
+            out.commands = self._default_commands(wanted, persisted, scope, pct, mem_read)
+            updates, pending = self._server_commands(wanted, scope, servers, running_servers)
+            out.commands += updates
+            out.pending = [server.as_dict() for server in pending]
+            if out.commands:
+                out.changed = True
+                if not self.check_mode:
+                    self._apply(out.commands)
+                out.applied = True
+        else:
+            out.before = {'active_thread_percentage': persisted.active_thread_percentage if persisted else None,
+                          'pinned_device_mem_limit': {str(o): _mib_text(persisted.mem_for(g.uuid)) if persisted else None
+                                                      for o, g in enumerate(scope)}}
+            out.warnings.append('the MPS control daemon of %r is not running: the limits were not applied now; they will '
+                                'be applied when it starts' % self.paths.name)
+        if persist_limits:
+            if not self.check_mode:
+                ensure_dir(self.config.config_dir, 0o755)
+            changed_json = persist(self.config, wanted, self.check_mode)
+            changed_replay = running and write_replay(self.config, wanted, [g.uuid for g in scope], self.check_mode)
+            out.persisted = changed_json or changed_replay
+            out.changed = out.changed or out.persisted
+        elif not running:
+            out.warnings.append('persist=false and no daemon is running: nothing was done')
+        out.ui_processes = self.daemon.client.processes if self.daemon else 0
+        return out
+
+    def _default_commands(self, wanted: Limits, persisted: t.Optional[Limits], scope: t.Sequence[Gpu], pct: float,
+                          mem_read: t.Dict[int, t.Optional[str]]) -> t.List[str]:
+        cmds = []
+        for ordinal, gpu in enumerate(scope):
+            mib = wanted.mem_for(gpu.uuid)
+            if mib is None:
+                continue
+            was = persisted.mem_for(gpu.uuid) if persisted else None
+            if (was is not None and was != mib) or not readback_matches(parse_readback(mem_read[ordinal] or ''), mib):
+                cmds.append(command('set_default_device_pinned_mem_limit', ordinal, '%dM' % mib))
+        if wanted.active_thread_percentage is not None:
+            was_pct = persisted.active_thread_percentage if persisted else None
+            if (was_pct is not None and was_pct != wanted.active_thread_percentage) or not percentage_matches(pct, wanted.active_thread_percentage):
+                cmds.append(command('set_default_active_thread_percentage', format_percentage(wanted.active_thread_percentage)))
+        return cmds
+
+    @staticmethod
+    def _server_commands(wanted: Limits, scope: t.Sequence[Gpu], servers: t.Sequence[ServerLimits],
+                         running_servers: str) -> t.Tuple[t.List[str], t.List[ServerLimits]]:
+        cmds: t.List[str] = []
+        pending = []
+        for server in servers:
+            server_cmds = []
+            for ordinal, gpu in enumerate(scope):
+                mib = wanted.mem_for(gpu.uuid)
+                if mib is not None and not readback_matches(parse_readback(server.pinned_device_mem_limit.get(ordinal) or ''), mib):
+                    server_cmds.append(command('set_device_pinned_mem_limit', server.pid, ordinal, '%dM' % mib))
+            if wanted.active_thread_percentage is not None and not percentage_matches(server.active_thread_percentage,
+                                                                                      wanted.active_thread_percentage):
+                server_cmds.append(command('set_active_thread_percentage', server.pid, format_percentage(wanted.active_thread_percentage)))
+            if not server_cmds:
+                continue
+            if running_servers == 'update':
+                cmds.extend(server_cmds)
+            else:
+                pending.append(server)
+        return cmds, pending
+
+    def _apply(self, cmds: t.Sequence[str]) -> None:
+        if self.daemon is None:
+            return
+        for reply in self.daemon.query(cmds):
+            verb = reply.command.split()[0]
+            if verb in ('set_default_active_thread_percentage', 'set_active_thread_percentage'):
+                parse_percentage(reply)
+            else:
+                expect_silent(reply)
+
+    @staticmethod
+    def _describe(wanted: Limits, scope: t.Sequence[Gpu]) -> t.Dict[str, t.Any]:
+        by_ordinal = {}
+        by_uuid = {}
+        for ordinal, gpu in enumerate(scope):
+            mib = wanted.mem_for(gpu.uuid)
+            if mib is not None:
+                by_ordinal[str(ordinal)] = '%dM' % mib
+                by_uuid[gpu.uuid] = '%dM' % mib
+        return {'active_thread_percentage': wanted.active_thread_percentage, 'replicas': wanted.replicas,
+                'pinned_device_mem_limit': {'by_ordinal': by_ordinal, 'by_uuid': by_uuid},
+                'devices': [dict(gpu.summary(), ordinal=ordinal) for ordinal, gpu in enumerate(scope)]}
+
+
+def _mem_text(reply: Reply) -> t.Optional[str]:
+    text = reply.text.strip()
+    if text and parse_readback_safe(text) is False:
+        raise ControlCommandError('the MPS control daemon rejected %r: %s' % (reply.command, text))
+    return text or None
+
+
+def parse_readback_safe(text: str) -> bool:
+    try:
+        parse_readback(text)
+    except MpsError:
+        return False
+    return True
+
+
+def _optional_percentage(reply: Reply) -> t.Optional[float]:
+    try:
+        return parse_percentage(reply)
+    except ControlCommandError:
+        return None
+
+
+def _mib_text(mib: t.Optional[int]) -> t.Optional[str]:
+    return None if mib is None else '%dM' % mib

@@ -1,0 +1,242 @@
+#!/usr/bin/python
+# Copyright: gpufleet.mps contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r'''
+module: mps_limits
+short_description: Set MPS thread and pinned-memory limits of a resource, and keep them across restarts
+version_added: 0.1.0
+description:
+  - Sets the default active thread percentage and pinned device memory limit that an MPS control daemon gives every
+    server it starts - explicitly, or computed from a replica count as NVIDIA's device plugin does.
+  - MPS forgets these defaults on every restart. The module persists the wanted limits under O(config_dir); they are
+    replayed right after every start of the daemon - by M(gpufleet.mps.mps_daemon) and by the systemd unit - so a
+    crash, restart or reboot gets them back before any client connects.
+  - Reads everything it needs from the daemon in one control UI process, and applies only the differences in at
+    most one more. The daemon reads memory limits back rounded down to whole GiB (V(3840M) reads V(3G)); the
+    persisted record is the truth for what was set, the read-back detects drift.
+  - Devices are addressed by the daemon's ordinals (its C(CUDA_VISIBLE_DEVICES) order), never by UUID - limits set
+    by UUID are accepted but not applied by real drivers.
+  - When the daemon is not running, the limits are persisted only (RV(applied=false), with a warning); its next start
+    applies them. Setting limits before the first start is the safe order - no server ever starts without them.
+extends_documentation_fragment:
+  - gpufleet.mps._common
+attributes:
+  check_mode:
+    description: Reads the daemon, reports the commands it would send and the record it would write, changes nothing.
+    support: full
+  diff_mode:
+    description: Shows the limits as the daemon reports them before, and as wanted after.
+    support: full
+  idempotent:
+    description: A second run with the same options changes nothing, despite the daemon's lossy memory read-back.
+    support: full
+options:
+  active_thread_percentage:
+    description:
+      - Default active thread percentage for the daemon's servers, greater than 0 and at most 100.
+      - Overrides the value computed from O(replicas).
+    type: float
+  pinned_device_mem_limit:
+    description:
+      - Default pinned device memory limit - one size for every GPU of the daemon, or a mapping from host GPU index or
+        UUID to a size, for example V(20G), V(20480M), V(20GiB) or V(1.5G). M and MiB are 2^20 bytes, G and GiB 2^30.
+        Sizes are normalised to whole MiB.
+      - Overrides the values computed from O(replicas).
+    type: raw
+  replicas:
+    description:
+      - Share each GPU between this many clients - thread percentage C(100 // replicas) and, per GPU, pinned memory
+        C(total_MiB // replicas), as NVIDIA's device plugin computes them. Explicit O(active_thread_percentage) and
+        O(pinned_device_mem_limit) override the computed values.
+      - At most the GPU's MPS client limit - 48 from compute capability 7.0 (Volta) on, 16 before.
+    type: int
+  running_servers:
+    description:
+      - Servers already running keep the limits they started with; new defaults only reach servers started later.
+      - V(ignore) lists such servers in RV(pending). V(update) sets their own limits too - which affects their new
+        clients only; a running client's limits never change.
+    type: str
+    choices: [ignore, update]
+    default: ignore
+  persist:
+    description:
+      - Persist the wanted limits so that every start of the daemon replays them. Without it they last until the next
+        restart, and the lossy read-back can hide a small change (V(3840M) to V(3900M)).
+    type: bool
+    default: true
+  create:
+    description:
+      - Persist limits for a resource that has no daemon and no persisted limits yet, so that its first start already
+        applies them. Without it such a resource name is refused, as a likely typo.
+    type: bool
+    default: false
+  timeout:
+    description:
+      - Seconds to wait for the control daemon to answer.
+    type: int
+    default: 30
+notes:
+  - Limits that are not given are left as they are; MPS has no way to unset a default other than a restart without
+    replay.
+seealso:
+  - module: gpufleet.mps.mps_daemon
+author:
+  - gpufleet.mps developers (@gpufleet)
+'''
+
+EXAMPLES = r'''
+- name: Four clients per GPU, as the device plugin's replicas would
+  gpufleet.mps.mps_limits:
+    name: nvidia.com/gpu
+    replicas: 4
+
+- name: Explicit limits, different memory on one GPU
+  gpufleet.mps.mps_limits:
+    name: train
+    active_thread_percentage: 50
+    pinned_device_mem_limit:
+      0: 20G
+      GPU-6a2b5c1e: 30G
+
+- name: New limits for clients of servers that already run, too
+  gpufleet.mps.mps_limits:
+    name: infer
+    pinned_device_mem_limit: 8G
+    running_servers: update
+
+- name: Limits before the first start, then the daemon
+  block:
+    - name: Persist the limits of a new resource
+      gpufleet.mps.mps_limits:
+        name: batch
+        replicas: 8
+        create: true
+    - name: Start its daemon, which applies them before any client connects
+      gpufleet.mps.mps_daemon:
+        name: batch
+'''
+
+RETURN = r'''
+limits:
+  description: The wanted limits, normalised.
+  returned: always
+  type: dict
+  sample:
+    active_thread_percentage: 25.0
+    replicas: 4
+    pinned_device_mem_limit:
+      by_ordinal: {'0': 3840M}
+      by_uuid: {GPU-6a2b5c1e-5f0e-4e9b-9a55-1c7f2a1b0c01: 3840M}
+    devices: [{ordinal: 0, index: 2, uuid: GPU-6a2b5c1e-5f0e-4e9b-9a55-1c7f2a1b0c01, name: Tesla T4}]
+before:
+  description: The defaults as the daemon reported them (as persisted, when it is not running), memory per ordinal.
+  returned: always
+  type: dict
+  sample: {active_thread_percentage: 100.0, pinned_device_mem_limit: {'0': null}}
+after:
+  description: The defaults as wanted, memory per ordinal.
+  returned: always
+  type: dict
+  sample: {active_thread_percentage: 25.0, pinned_device_mem_limit: {'0': 3840M}}
+commands:
+  description: The control commands sent (or, in check mode, that would be sent).
+  returned: always
+  type: list
+  elements: str
+  sample: [set_default_device_pinned_mem_limit 0 3840M, set_default_active_thread_percentage 25.0]
+applied:
+  description: Whether limits were (or in check mode would be) sent to a running daemon.
+  returned: always
+  type: bool
+  sample: true
+persisted:
+  description: Whether the persisted record changed (or would).
+  returned: always
+  type: bool
+  sample: true
+running:
+  description: Whether the resource's daemon is running.
+  returned: always
+  type: bool
+  sample: true
+pending:
+  description: Servers still running with other limits than wanted (with O(running_servers=ignore)), with their own limits.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{pid: 4242, active_thread_percentage: 100.0, pinned_device_mem_limit: {'0': null}}]
+'''
+
+import shutil
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpufleet.mps.plugins.module_utils._daemon import Daemon, inspect
+from ansible_collections.gpufleet.mps.plugins.module_utils._errors import InvalidParameterError, MpsError
+from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import Nvml
+from ansible_collections.gpufleet.mps.plugins.module_utils._limits_manager import LimitsManager
+from ansible_collections.gpufleet.mps.plugins.module_utils._resource import require_binary
+from ansible_collections.gpufleet.mps.plugins.module_utils._root import config_paths, resource_paths
+
+
+def argument_spec():
+    return dict(
+        name=dict(type='str', required=True),
+        root=dict(type='path', default='/run/nvidia/mps'),
+        config_dir=dict(type='path', default='/etc/gpufleet-mps'),
+        control_binary=dict(type='path'),
+        active_thread_percentage=dict(type='float'),
+        pinned_device_mem_limit=dict(type='raw'),
+        replicas=dict(type='int'),
+        running_servers=dict(type='str', choices=['ignore', 'update'], default='ignore'),
+        persist=dict(type='bool', default=True),
+        create=dict(type='bool', default=False),
+        timeout=dict(type='int', default=30),
+    )
+
+
+def run(module):
+    params = module.params
+    if params['timeout'] <= 0:
+        raise InvalidParameterError('timeout', 'must be a positive number of seconds, got %d' % params['timeout'])
+    paths = resource_paths(params['root'], params['name'])
+    config = config_paths(params['config_dir'], params['name'])
+    daemon = None
+    if inspect(paths).running:
+        binary = require_binary(params['control_binary'] or shutil.which('nvidia-cuda-mps-control'))
+        daemon = Daemon(paths, binary, start_timeout=params['timeout'], stop_timeout=0)
+    with Nvml() as nvml:
+        manager = LimitsManager(paths, config, daemon, nvml.gpus(), module.check_mode)
+        outcome = manager.ensure(params['active_thread_percentage'], params['pinned_device_mem_limit'], params['replicas'],
+                                 params['running_servers'], params['persist'], params['create'])
+    for warning in outcome.warnings:
+        module.warn(warning)
+    result = dict(
+        changed=outcome.changed,
+        limits=outcome.limits,
+        before=outcome.before,
+        after=outcome.after,
+        commands=outcome.commands,
+        applied=outcome.applied,
+        persisted=outcome.persisted,
+        running=outcome.running,
+        pending=outcome.pending,
+    )
+    if module._diff:
+        result['diff'] = dict(before=outcome.before, after=outcome.after)
+    return result
+
+
+def main():
+    module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
+    try:
+        result = run(module)
+    except MpsError as exc:
+        module.fail_json(**exc.fail_kwargs())
+    module.exit_json(**result)
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,149 @@
+# Copyright: gpufleet.mps contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ansible_collections.gpufleet.mps.plugins.module_utils import _limits
+from ansible_collections.gpufleet.mps.plugins.module_utils._errors import InvalidParameterError, MpsError
+from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import Gpu
+from ansible_collections.gpufleet.mps.plugins.module_utils._limits_manager import LimitsManager
+from ansible_collections.gpufleet.mps.plugins.module_utils._root import config_paths, resource_paths
+
+
+@pytest.mark.parametrize('value, mib', [
+    ('20G', 20480), ('20480M', 20480), ('20GiB', 20480), ('1.5G', 1536), ('512MiB', 512), ('3840m', 3840), ('1gb', 1024),
+])
+def test_sizes_are_normalised_to_whole_mib(value, mib):
+    assert _limits.parse_size(value, 'p') == mib
+
+
+@pytest.mark.parametrize('value', ['0M', '-1G', '12X', '1e3M', '', '5G\nquit', ' 5G', '5 G', '5G ', '1.3G', '1000', 1000, True, None, 'G'])
+def test_bad_sizes_name_the_parameter(value):
+    with pytest.raises(InvalidParameterError) as excinfo:
+        _limits.parse_size(value, 'pinned_device_mem_limit')
+    assert excinfo.value.param == 'pinned_device_mem_limit'
+
+
+@pytest.mark.parametrize('value', [0, -5, 101, 'abc', 'nan', float('nan'), True, None, '100.01'])
+def test_bad_percentages_are_refused(value):
+    with pytest.raises(InvalidParameterError):
+        _limits.parse_percentage(value)
+
+
+@pytest.mark.parametrize('value, expected', [(25, 25.0), ('25.0', 25.0), (100, 100.0), (0.5, 0.5), ('33.3', 33.3)])
+def test_percentages_compare_as_numbers(value, expected):
+    assert _limits.parse_percentage(value) == expected
+    assert _limits.percentage_matches(float(expected), _limits.parse_percentage(value))
+
+
+@pytest.mark.parametrize('text, mib, matches', [
+    ('3G', 3840, True),    # the lossy read-back of 3840M
+    ('1G', 1044, True),
+    ('3G', 3072, True),
+    ('3G', 4096, False),
+    ('512M', 512, True),
+    ('512M', 513, False),
+    ('0M', 512, False),    # unset, however the daemon prints it
+    ('0', 512, False),
+    ('', 512, False),
+])
+def test_readback_is_compared_at_the_granularity_the_daemon_reports(text, mib, matches):
+    assert _limits.readback_matches(_limits.parse_readback(text), mib) is matches
+
+
+def test_unexpected_readback_text_is_an_error():
+    with pytest.raises(MpsError):
+        _limits.parse_readback('Invalid device')
+
+
+def gpu(index, name, mib, cc=(7, 5)):
+    return Gpu(index, 'GPU-%08d-0000-0000-0000-000000000000' % index, name, mib, cc, 'default', None, None, True)
+
+
+@pytest.fixture
+def manager(tmp_path):
+    def make(gpus):
+        return LimitsManager(resource_paths(str(tmp_path / 'root'), 'r'), config_paths(str(tmp_path / 'etc'), 'r'), None, gpus, False)
+    return make
+
+
+def test_device_plugin_example_t4_replicas_4(manager):
+    t4s = [gpu(i, 'Tesla T4', 15360) for i in range(4)]
+    limits = manager(t4s).wanted(t4s, None, None, 4)
+    assert limits.commands([g.uuid for g in t4s]) == [
+        'set_default_device_pinned_mem_limit 0 3840M', 'set_default_device_pinned_mem_limit 1 3840M',
+        'set_default_device_pinned_mem_limit 2 3840M', 'set_default_device_pinned_mem_limit 3 3840M',
+        'set_default_active_thread_percentage 25.0']
+
+
+def test_device_plugin_example_l40s_replicas_10(manager):
+    l40s = [gpu(0, 'NVIDIA L40S', 46068, (8, 9))]
+    limits = manager(l40s).wanted(l40s, None, None, 10)
+    assert limits.commands([l40s[0].uuid]) == ['set_default_device_pinned_mem_limit 0 4606M', 'set_default_active_thread_percentage 10.0']
+
+
+def test_explicit_values_override_the_computed_ones(manager):
+    t4s = [gpu(i, 'Tesla T4', 15360) for i in range(2)]
+    limits = manager(t4s).wanted(t4s, 30, {1: '1G'}, 4)
+    assert limits.active_thread_percentage == 30.0
+    assert limits.pinned_device_mem_limit == {t4s[1].uuid: 1024}
+    assert limits.replicas == 4
+
+
+@pytest.mark.parametrize('replicas, cc, ok', [(48, (7, 0), True), (49, (7, 0), False), (16, (6, 1), True), (17, (6, 1), False),
+                                              (48, (7, 5), True), (0, (9, 0), False)])
+def test_replicas_are_checked_against_the_client_limit_volta_from_7_0(manager, replicas, cc, ok):
+    gpus = [gpu(0, 'x', 16000, cc)]
+    if ok:
+        assert manager(gpus).wanted(gpus, None, None, replicas).replicas == replicas
+    else:
+        with pytest.raises(InvalidParameterError) as excinfo:
+            manager(gpus).wanted(gpus, None, None, replicas)
+        assert excinfo.value.param == 'replicas'
+
+
+def test_memory_keys_must_be_the_daemons_gpus_and_given_once(manager):
+    gpus = [gpu(i, 'x', 16000) for i in range(3)]
+    mgr = manager(gpus)
+    with pytest.raises(InvalidParameterError, match='not one of the daemon'):
+        mgr.wanted(gpus[:2], None, {2: '1G'}, None)
+    with pytest.raises(InvalidParameterError, match='given twice'):
+        mgr.wanted(gpus, None, {0: '1G', gpus[0].uuid: '2G'}, None)
+
+
+def test_one_size_means_every_gpu_of_the_daemon_in_its_order(manager):
+    gpus = [gpu(i, 'x', 16000) for i in range(3)]
+    limits = manager(gpus).wanted(gpus, None, '2G', None)
+    assert limits.commands([gpus[2].uuid, gpus[0].uuid]) == [
+        'set_default_device_pinned_mem_limit 0 2048M', 'set_default_device_pinned_mem_limit 1 2048M']
+
+
+def test_persisted_record_round_trips_and_unknown_formats_are_ignored(tmp_path):
+    config = config_paths(str(tmp_path), 'nvidia.com/gpu')
+    limits = _limits.Limits(25.0, {'GPU-a': 3840}, 4)
+    assert _limits.persist(config, limits, check_mode=False)
+    assert not _limits.persist(config, limits, check_mode=False)
+    assert _limits.read_persisted(config) == limits
+    assert config.limits_json.endswith('/nvidia.com-gpu.limits.json')
+    with open(config.limits_json, 'w') as handle:
+        json.dump({'format': 99}, handle)
+    assert _limits.read_persisted(config) is None
+
+
+def test_check_mode_persists_nothing(tmp_path):
+    config = config_paths(str(tmp_path), 'r')
+    assert _limits.persist(config, _limits.Limits(50.0), check_mode=True)
+    assert not (tmp_path / 'r.limits.json').exists()
+
+
+def test_replay_file_refuses_anything_but_limit_commands(tmp_path):
+    config = config_paths(str(tmp_path), 'r')
+    (tmp_path / 'r.limits').write_text('set_default_active_thread_percentage 25\nquit\n')
+    with pytest.raises(MpsError, match='not a limit command'):
+        _limits.read_replay(config)
+    (tmp_path / 'r.limits').write_text('set_default_active_thread_percentage 25;quit\n')
+    with pytest.raises(InvalidParameterError):
+        _limits.read_replay(config)
