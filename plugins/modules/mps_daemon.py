@@ -15,8 +15,8 @@ description:
   - A running daemon that answers and was started with the wanted devices, multi-user flag and supervisor is left
     alone at the cost of one control UI process and one NVML initialisation. Anything else is restarted, and the diff
     says what differed. A dead daemon's leftover files are cleaned up and the daemon started again, with a warning.
-  - The limits persisted for the resource (in O(config_dir)) are replayed right after every start, before any client
-    can connect.
+  - The limits persisted for the resource by M(gpufleet.mps.mps_limits) (in O(config_dir)) are replayed right after
+    every start, before any client can connect.
   - A daemon that is alive but does not answer within O(start_timeout) is reported, with its pid and log file, and
     never killed.
 extends_documentation_fragment:
@@ -89,6 +89,8 @@ notes:
   - Needs root to change compute modes and to write under the default directories.
   - Clients reach the daemon with the returned RV(env). A parent of the pipe directory that other users cannot
     traverse makes non-root clients fail; the module warns about it.
+seealso:
+  - module: gpufleet.mps.mps_limits
 author:
   - gpufleet.mps developers (@gpufleet)
 '''
