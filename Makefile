@@ -92,9 +92,10 @@ docs-lint: collection
 test-fakes: simhost
 	. $(SIMHOST)/env && $(VPY) -m pytest -q -p no:cacheprovider tests/fakes tests/gpu
 
-molecule: simhost
+# Scenarios find the role and modules through ANSIBLE_COLLECTIONS_PATH (the copied tree).
+molecule: collection simhost
 	if ls extensions/molecule/*/molecule.yml >/dev/null 2>&1; then \
-	  . $(SIMHOST)/env && cd extensions && $(VENV)/bin/molecule test --all; \
+	  . $(SIMHOST)/env && $(VENV)/bin/molecule test $(if $(SCENARIO),-s $(SCENARIO),--all); \
 	else echo 'molecule: no scenarios yet'; fi
 
 .PHONY: clean

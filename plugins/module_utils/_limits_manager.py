@@ -105,7 +105,9 @@ class LimitsManager:
                                                               gpu.compute_capability[0], gpu.compute_capability[1]))
             limits.replicas = replicas
             limits.active_thread_percentage = float(100 // replicas)
-            limits.pinned_device_mem_limit = {gpu.uuid: gpu.memory_total_mib // replicas for gpu in scope}
+            # Every GPU of the host, not only the daemon's: the record stays the same whether or not the
+            # daemon runs yet, and a device change of the daemon needs no new record.
+            limits.pinned_device_mem_limit = {gpu.uuid: gpu.memory_total_mib // replicas for gpu in self.gpus}
         if percentage is not None:
             limits.active_thread_percentage = parse_wanted_percentage(percentage)
         if mem is not None:

@@ -87,6 +87,7 @@ class ResourceManager:
         self.unit_dir = unit_dir
         self.unit = instance_unit(config.instance)
         self.reset_on_stop = True
+        self.enabled = True
 
     # --- reading -------------------------------------------------------------------------------
     def record(self) -> t.Optional[t.Dict[str, t.Any]]:
@@ -283,6 +284,7 @@ class ResourceManager:
             raise InvalidParameterError('compute_mode', 'must be one of %s' % ', '.join(COMPUTE_MODE_CHOICES))
         wanted = self.wanted(selectors, multiuser, compute_mode, enabled) if state != 'stopped' else None
         self.reset_on_stop = compute_mode != 'unchanged'
+        self.enabled = enabled
         if self.check_mode:
             return self._ensure(state, wanted)
         with self.daemon.lock():
@@ -311,10 +313,14 @@ class ResourceManager:
                 self.paths.name, ', '.join(current.leftovers)))
             self._clean_stale(out)
             self._release(record, out)
-        if self.supervisor == 'systemd' and self.systemctl is not None and self.systemctl.is_active(self.unit):
-            out.act('stop %s' % self.unit)
-            if not self.check_mode:
-                self.systemctl.stop(self.unit)
+        if self.supervisor == 'systemd' and self.systemctl is not None:
+            if self.systemctl.is_active(self.unit):
+                out.act('stop %s' % self.unit)
+                if not self.check_mode:
+                    self.systemctl.stop(self.unit)
+            if not self.enabled:
+                # Stopping never enables a unit; it disables one when asked to.
+                self._apply_enabled(False, out)
 
     def _clean_stale(self, out: Outcome) -> None:
         out.act('remove stale files of a dead daemon')

@@ -72,7 +72,8 @@ options:
     default: auto
   enabled:
     description:
-      - With O(supervisor=systemd), whether the unit starts at boot.
+      - With O(supervisor=systemd), whether the unit starts at boot. With O(state=stopped), V(false) disables the unit
+        and V(true) leaves its boot setting alone.
     type: bool
     default: true
   start_timeout:

@@ -1,0 +1,51 @@
+# Copyright: gpufleet.mps contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+import pytest
+
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.gpufleet.mps.plugins.filter.mps_plan import mps_plan
+
+
+def facts(*models):
+    return [{'index': i, 'uuid': 'GPU-%08x-0000' % (i + 1), 'name': name, 'memory_total_mib': mib, 'compute_capability': cc}
+            for i, (name, mib, cc) in enumerate(models)]
+
+
+H100 = ('NVIDIA H100 80GB HBM3', 81559, '9.0')
+T4 = ('Tesla T4', 15360, '7.5')
+P100 = ('Tesla P100-PCIE-16GB', 16280, '6.0')
+
+
+def test_replicas_by_model_with_glob_and_default():
+    gpus = facts(H100, H100, T4)
+    plan = mps_plan([{'name': 'a', 'devices': [0, 1], 'replicas': {'NVIDIA H100*': 8, 'default': 2}},
+                     {'name': 'b', 'devices': [2], 'replicas': {'NVIDIA H100*': 8, 'default': 2}}], gpus)
+    assert [(p['name'], p['replicas'], p['indices']) for p in plan] == [('a', 8, [0, 1]), ('b', 2, [2])]
+    assert plan[0]['devices'] == ['GPU-00000001-0000', 'GPU-00000002-0000']
+    assert plan[0]['has_limits']
+
+
+def test_default_resource_takes_every_gpu_and_has_no_limits():
+    plan = mps_plan([{'name': 'nvidia.com/gpu'}], facts(H100, H100))
+    assert plan[0]['indices'] == [0, 1] and not plan[0]['has_limits'] and plan[0]['multiuser'] is False
+
+
+@pytest.mark.parametrize('resources, message', [
+    ([{'name': 'a'}, {'name': 'b', 'devices': [0]}], 'in both'),
+    ([{'name': 'a', 'devices': [5]}], 'no GPU with index 5'),
+    ([{'name': '../x'}], 'name'),
+    ([{'name': 'a', 'devices': [0]}, {'name': 'a', 'devices': [1]}], 'unique'),
+    ([{'name': 'a', 'replicas': 49}], 'exceeds the 48'),
+    ([{'name': 'a', 'devices': [2], 'replicas': 17}], 'exceeds the 16'),
+    ([{'name': 'a', 'replicas': {'Tesla*': 2}}], 'no entry matches'),
+    ([{'name': 'a', 'devices': [0, 2], 'replicas': {'NVIDIA*': 4, 'default': 2}}], 'different replicas'),
+    ([{'name': 'a', 'replicas': 0}], 'at least 1'),
+    ({'name': 'a'}, 'must be a list'),
+    ([{'devices': [0]}], 'with a name'),
+])
+def test_preflight_refuses_bad_resource_lists_naming_the_resource(resources, message):
+    with pytest.raises(AnsibleFilterError, match=message):
+        mps_plan(resources, facts(H100, H100, P100))
