@@ -66,6 +66,9 @@ SPEC: dict[str, list[tuple[str, int, tuple[int, int], str]]] = {
     "mixed.ini": [("Tesla T4", 15360, (7, 5), "unsupported"), ("NVIDIA A100-SXM4-80GB", 81920, (8, 0), "enabled")],
     "v100x2.ini": [("Tesla V100-SXM2-16GB", 16384, (7, 0), "unsupported")] * 2,
     "h200x1.ini": [("NVIDIA H200", 143771, (9, 0), "disabled")],
+    "t4x4.ini": [("Tesla T4", 15360, (7, 5), "unsupported")] * 4,
+    "l40s.ini": [("NVIDIA L40S", 46068, (8, 9), "unsupported")],
+    "p100x2.ini": [("Tesla P100-PCIE-16GB", 16280, (6, 0), "unsupported")] * 2,
 }
 
 CHILD_PRELUDE = """

@@ -1,0 +1,111 @@
+# Copyright: (c) gpufleet.mps contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Shared by the MPS simulator's UI (mps_sim.py) and daemon (mps_daemon.py): names, switches, messages.
+
+Kept light (no heavy imports): every control UI call loads it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+DEFAULT_PIPE_DIR = '/tmp/nvidia-mps'
+DEFAULT_LOG_DIR = '/var/log/nvidia-mps'
+SUN_PATH_MAX = 107
+MSG_MAX = 1 << 18
+
+CONTROL = 'control'
+CONTROL_PRIVILEGED = 'control_privileged'
+CONTROL_LOCK = 'control_lock'
+LOG_FIFO = 'log'
+PID_FILE = 'nvidia-cuda-mps-control.pid'
+PIPE_FILES = (CONTROL, CONTROL_LOCK, CONTROL_PRIVILEGED, LOG_FIFO, PID_FILE)
+
+ALREADY_RUNNING = 'An instance of this daemon is already running'
+NO_DAEMON = 'Cannot find MPS control daemon process'
+MAX_SERVER_START_ATTEMPTS = 6
+
+
+# --------------------------------------------------------------------------
+# Switches (FAKE_MPS_*): every [U] item of the reference.  Documented in README.md.
+# --------------------------------------------------------------------------
+
+SWITCHES: dict[str, tuple[str, tuple[str, ...]]] = {
+    # name: (default, allowed values; empty tuple = free-form, validated elsewhere)
+    'FAKE_MPS_QUIT_REMOVES': ('all-but-lock', ()),
+    'FAKE_MPS_NO_DAEMON_STREAM': ('stdout', ('stdout', 'stderr')),
+    'FAKE_MPS_ERROR_STYLE': ('text', ('text', 'alt', 'silent')),
+    'FAKE_MPS_SERVER_CMD_OUTPUT': ('none', ('none', 'pid')),
+    'FAKE_MPS_UNSET_MEM_LIMIT': ('0M', ('0M', '0', 'empty')),
+    'FAKE_MPS_PRIORITY_OUTPUT': ('number', ('number', 'echo', 'name')),
+    'FAKE_MPS_DEVICE_CLIENT_LIST_FORMAT': ('uuid', ('uuid', 'pairs')),
+    'FAKE_MPS_CLIENT_LIST_SEP': ('newline', ('newline', 'space')),
+    'FAKE_MPS_ENV_PINNED_MEM': ('default', ('default', 'servers', 'ignored')),
+    'FAKE_MPS_MEM_READBACK': ('lossy', ('lossy', 'exact')),
+    'FAKE_MPS_UUID_LIMITS': ('ignored', ('ignored', 'applied')),
+    'FAKE_MPS_BIND_FAILURE': ('silent', ('silent', 'error')),
+    'FAKE_MPS_SERVER_INIT_DELAY': ('0', ()),
+    'FAKE_MPS_FAULT_HANG': ('0', ('0', '1')),
+    'FAKE_MPS_FAULT_QUIT_HANG': ('0', ('0', '1')),
+    'FAKE_MPS_FAULT_UI': ('none', ('none', 'garbage', 'crash')),
+}
+
+
+class SwitchError(ValueError):
+    """A FAKE_MPS_* variable holds a value the simulator does not know."""
+
+
+def switch(name: str, environ: dict[str, str] | None = None) -> str:
+    """Value of a FAKE_MPS_* switch (empty or unset = default); unknown values raise SwitchError."""
+    env = os.environ if environ is None else environ
+    default, allowed = SWITCHES[name]
+    value = env.get(name, '').strip() or default
+    if allowed and value not in allowed:
+        raise SwitchError(f'{name}={value!r}: expected one of {", ".join(allowed)}')
+    return value
+
+
+def quit_removes(value: str) -> tuple[str, ...]:
+    """Pipe-dir entries a clean quit removes, from FAKE_MPS_QUIT_REMOVES."""
+    presets = {
+        'all': PIPE_FILES,
+        'none': (),
+        'all-but-lock': tuple(n for n in PIPE_FILES if n != CONTROL_LOCK),
+        'sockets': (CONTROL, CONTROL_PRIVILEGED),
+    }
+    if value in presets:
+        return presets[value]
+    names = tuple(n.strip() for n in value.split(',') if n.strip())
+    unknown = [n for n in names if n not in PIPE_FILES]
+    if unknown or not names:
+        raise SwitchError(f'FAKE_MPS_QUIT_REMOVES={value!r}: expected all, none, all-but-lock, sockets or a comma list of {", ".join(PIPE_FILES)}')
+    return names
+
+
+# --------------------------------------------------------------------------
+# Messages on the SEQPACKET sockets: one JSON object per packet
+# --------------------------------------------------------------------------
+
+def send_msg(sock: socket.socket, obj: dict) -> bool:
+    """Send one message; False when the peer is gone."""
+    try:
+        sock.send(json.dumps(obj).encode())
+        return True
+    except OSError:
+        return False
+
+
+def recv_msg(sock: socket.socket) -> dict | None:
+    """Receive one message; None on EOF, error or garbage."""
+    try:
+        data = sock.recv(MSG_MAX)
+    except OSError:
+        return None
+    if not data:
+        return None
+    try:
+        obj = json.loads(data.decode())
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return obj if isinstance(obj, dict) else None

@@ -1,0 +1,58 @@
+# Copyright: (c) gpufleet.mps contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""tests/gpu/compare_mps.py without a GPU: it skips, and its comparison works (simulator vs simulator)."""
+from __future__ import annotations
+
+import os
+import subprocess
+
+from conftest import CLIENT, PYTHON, REPO, SIM, SimHost, write_ini
+import compare_mps
+
+COMPARE = os.path.join(REPO, 'tests', 'gpu', 'compare_mps.py')
+RUN_SH = os.path.join(REPO, 'tests', 'gpu', 'run.sh')
+
+
+def test_without_the_real_binary_it_skips_with_exit_0() -> None:
+    env = dict(os.environ, PATH='/usr/bin:/bin')
+    proc = subprocess.run([PYTHON, COMPARE], env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0
+    assert proc.stdout.startswith('SKIP: no real nvidia-cuda-mps-control')
+
+
+def test_the_simulator_wrapper_on_path_is_not_taken_for_the_real_binary(host: SimHost) -> None:
+    bindir = os.path.join(host.base, 'bin')
+    os.mkdir(bindir)
+    wrapper = os.path.join(bindir, 'nvidia-cuda-mps-control')
+    with open(wrapper, 'w', encoding='utf-8') as handle:
+        handle.write(f'#!/bin/sh\nexec {PYTHON} {SIM} "$@"\n')
+    os.chmod(wrapper, 0o755)
+    proc = subprocess.run(['bash', RUN_SH], env=dict(os.environ, PATH=f'{bindir}:/usr/bin:/bin', PYTHON=PYTHON),
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0
+    assert proc.stdout.startswith('SKIP:') and 'non-ELF' in proc.stdout and wrapper in proc.stdout
+
+
+def test_is_elf() -> None:
+    assert compare_mps.is_elf(PYTHON) or compare_mps.is_elf(os.path.realpath(PYTHON))
+    assert not compare_mps.is_elf(SIM)
+
+
+def test_two_simulator_runs_compare_equal(host: SimHost) -> None:
+    write_ini(host.ini)
+    env = {'CUDA_VISIBLE_DEVICES': 'GPU-9f00', 'FAKE_NVML_CONFIG': host.ini}
+    first = compare_mps.run_side(os.path.join(host.base, 'a'), [PYTHON, SIM], [PYTHON, CLIENT], env)
+    second = compare_mps.run_side(os.path.join(host.base, 'b'), [PYTHON, SIM], [PYTHON, CLIENT], env)
+    report, differing, hard = compare_mps.compare(first, second)
+    assert (differing, hard) == (0, 0), '\n'.join(report)
+
+
+def test_a_difference_is_reported_with_a_diff() -> None:
+    real = [{'id': 'x', 'op': 'ui', 'tag': 'U', 'rc': 0, 'stdout': 'NORMAL\n', 'commands': ['get_default_client_priority']},
+            {'id': 'y', 'op': 'ui', 'tag': 'C', 'rc': 0, 'stdout': '25.0\n'}]
+    sim = [dict(real[0], stdout='0\n'), dict(real[1])]
+    report, differing, hard = compare_mps.compare(real, sim)
+    assert (differing, hard) == (1, 0)
+    assert 'DIFFERS [U] x: stdout' in report[0]
+    assert '    -NORMAL' in report and '    +0' in report
+    assert report[-1] == 'same    [C] y'

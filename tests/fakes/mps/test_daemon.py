@@ -1,0 +1,378 @@
+# Copyright: (c) gpufleet.mps contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The control daemon: -d/-f, files, lock, pid file, logs (reference section 1)."""
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import re
+import select
+import signal
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from conftest import PYTHON, SIM, SimHost, pid_alive, wait_until
+import mps_common
+import mps_daemon
+import mps_sim
+
+CONTROL_RE = re.compile(r'^\[(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}\.\d{3}) Control ([ \d]{5})\] (.*)$')
+
+
+def test_d_parent_exits_0_printing_nothing_once_the_daemon_listens(host: SimHost) -> None:
+    proc = host.start(check=False)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, '', '')
+    # no wait: the socket is there and answers as soon as -d returned
+    assert stat.S_ISSOCK(os.lstat(os.path.join(host.pipe, 'control')).st_mode)
+    assert host.ui(['get_server_list']).returncode == 0
+
+
+def test_d_starts_no_server(running: SimHost) -> None:
+    assert running.out(['get_server_list']) == ''
+    assert not [m for m in running.log_messages() if 'Starting new server' in m]
+
+
+def test_pipe_dir_holds_exactly_the_five_entries_with_their_modes(running: SimHost) -> None:
+    got = {}
+    for name in os.listdir(running.pipe):
+        st = os.lstat(os.path.join(running.pipe, name))
+        kind = 'socket' if stat.S_ISSOCK(st.st_mode) else 'fifo' if stat.S_ISFIFO(st.st_mode) else 'file' if stat.S_ISREG(st.st_mode) else '?'
+        got[name] = (kind, oct(stat.S_IMODE(st.st_mode)))
+    assert got == {
+        'control': ('socket', '0o666'),
+        'control_lock': ('file', '0o666'),
+        'control_privileged': ('socket', '0o755'),
+        'log': ('fifo', '0o777'),
+        'nvidia-cuda-mps-control.pid': ('file', '0o666'),
+    }
+
+
+def test_modes_do_not_depend_on_umask(host: SimHost) -> None:
+    old = os.umask(0o077)
+    try:
+        host.start()
+    finally:
+        os.umask(old)
+    modes = {n: stat.S_IMODE(os.lstat(os.path.join(host.pipe, n)).st_mode) for n in os.listdir(host.pipe)}
+    assert modes['control'] == 0o666 and modes['control_lock'] == 0o666 and modes['log'] == 0o777
+
+
+def test_pid_file_holds_the_daemon_pid_without_newline(running: SimHost) -> None:
+    with open(os.path.join(running.pipe, 'nvidia-cuda-mps-control.pid'), 'rb') as handle:
+        raw = handle.read()
+    assert re.fullmatch(rb'\d+', raw)
+    pid = int(raw)
+    assert pid_alive(pid)
+    with open(f'/proc/{pid}/cmdline', 'rb') as handle:
+        assert b'mps_sim.py' in handle.read()
+
+
+def test_daemon_is_detached_in_its_own_session(running: SimHost) -> None:
+    pid = running.daemon_pid()
+    # double fork: a new session, of which the daemon is not the leader (it can never get a terminal)
+    assert os.getsid(pid) != os.getsid(0)
+    assert os.getsid(pid) != pid
+    assert os.readlink(f'/proc/{pid}/fd/0') == '/dev/null'
+    assert os.readlink(f'/proc/{pid}/cwd') == '/'
+
+
+def test_control_lock_is_write_locked_by_the_daemon(running: SimHost) -> None:
+    fd = os.open(os.path.join(running.pipe, 'control_lock'), os.O_RDWR)
+    try:
+        with pytest.raises(OSError) as info:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert info.value.errno in (errno.EAGAIN, errno.EACCES)
+    finally:
+        os.close(fd)
+
+
+def test_second_d_prints_already_running_on_stdout_and_exits_1(running: SimHost) -> None:
+    pid = running.daemon_pid()
+    proc = running.start(check=False)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (1, 'An instance of this daemon is already running\n', '')
+    assert running.daemon_pid() == pid and pid_alive(pid)
+    assert running.out(['get_default_active_thread_percentage']) == '100.0\n'
+
+
+def test_f_on_a_running_pipe_dir_prints_already_running(running: SimHost) -> None:
+    proc = running.foreground()
+    out = proc.communicate(timeout=10)[0]
+    assert proc.returncode == 1
+    assert out == 'An instance of this daemon is already running\n'
+
+
+def test_sigkill_leaves_all_files_and_a_new_d_starts(running: SimHost) -> None:
+    pid = running.daemon_pid()
+    before = sorted(os.listdir(running.pipe))
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: not pid_alive(pid), what='daemon death')
+    assert sorted(os.listdir(running.pipe)) == before
+    proc = running.ui(['get_server_list'])
+    assert (proc.returncode, proc.stdout) == (1, 'Cannot find MPS control daemon process\n')
+    running.start()
+    new = running.daemon_pid()
+    assert new != pid and pid_alive(new)
+    assert running.out(['get_default_active_thread_percentage']) == '100.0\n'
+    assert sorted(os.listdir(running.pipe)) == before
+
+
+def test_control_log_lines_have_the_real_format(running: SimHost) -> None:
+    running.out(['get_default_active_thread_percentage'])
+    pid = running.daemon_pid()
+    lines = running.control_log()
+    assert lines
+    for line in lines:
+        match = CONTROL_RE.match(line)
+        assert match, line
+        assert match.group(2) == f'{pid:5d}'
+
+
+def test_start_logs_the_socket_and_the_pipe_dir_lines(running: SimHost) -> None:
+    pid = running.daemon_pid()
+    messages = running.log_messages()
+    assert messages[:2] == [
+        f'Starting control daemon using socket {running.pipe}/control',
+        f'To connect CUDA applications to this daemon, set env CUDA_MPS_PIPE_DIRECTORY={running.pipe}',
+    ]
+    assert running.control_log()[0].endswith(f' Control {pid:5d}] Starting control daemon using socket {running.pipe}/control')
+
+
+def test_log_dir_holds_control_and_server_log(running: SimHost) -> None:
+    assert sorted(os.listdir(running.logdir)) == ['control.log', 'server.log']
+
+
+def test_missing_pipe_and_log_dirs_are_created(host: SimHost) -> None:
+    deep_pipe = os.path.join(host.base, 'a', 'pipe')
+    deep_log = os.path.join(host.base, 'b', 'log')
+    host.start(env={'CUDA_MPS_PIPE_DIRECTORY': deep_pipe, 'CUDA_MPS_LOG_DIRECTORY': deep_log})
+    assert os.path.exists(os.path.join(deep_pipe, 'control'))
+    assert os.path.exists(os.path.join(deep_log, 'control.log'))
+    host.ui(['quit'], env={'CUDA_MPS_PIPE_DIRECTORY': deep_pipe})
+
+
+def test_default_dirs_are_tmp_nvidia_mps_and_var_log_nvidia_mps() -> None:
+    cfg = mps_daemon.DaemonConfig.from_env({})
+    assert (cfg.pipe_dir, cfg.log_dir) == ('/tmp/nvidia-mps', '/var/log/nvidia-mps')
+    assert cfg.gpus == []
+
+
+def test_foreground_logs_to_stdout_and_quit_ends_it_with_0(host: SimHost) -> None:
+    proc = host.foreground()
+    wait_until(lambda: os.path.exists(os.path.join(host.pipe, 'nvidia-cuda-mps-control.pid')), what='pid file')
+    wait_until(lambda: host.ui(['get_server_list']).returncode == 0, what='daemon answers')
+    pid = host.daemon_pid()
+    assert pid == proc.pid
+    host.out(['quit'])
+    out = proc.communicate(timeout=10)[0]
+    assert proc.returncode == 0
+    assert f'Control {pid:5d}] Starting control daemon using socket {host.pipe}/control' in out
+    assert 'Cmd:quit' in out
+
+
+@pytest.mark.parametrize('args', [['-d', '-f'], ['-x'], ['-multiuser-server'], ['-d', '-d']])
+def test_bad_arguments_print_usage_and_exit_1(host: SimHost, args: list[str]) -> None:
+    proc = host.start(*args, check=False)
+    assert proc.returncode == 1
+    assert 'Usage: nvidia-cuda-mps-control' in proc.stdout
+    assert not os.path.exists(host.pipe)
+
+
+def test_help_prints_usage_and_exits_0(host: SimHost) -> None:
+    proc = host.start('-h', check=False)
+    assert proc.returncode == 0 and 'Usage:' in proc.stdout
+
+
+def test_multiuser_server_requires_root(host: SimHost) -> None:
+    # the interpreter lives under /root (0700): fork the already-loaded simulator and drop privileges there
+    read_fd, write_fd = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - child process
+        try:
+            os.close(read_fd)
+            os.dup2(write_fd, 1)
+            sys.stdout = os.fdopen(1, 'w')
+            os.environ['CUDA_MPS_PIPE_DIRECTORY'] = host.pipe
+            os.environ['CUDA_MPS_LOG_DIRECTORY'] = host.logdir
+            os.setgid(65534)
+            os.setuid(65534)
+            code = mps_sim.main(['nvidia-cuda-mps-control', '-d', '-multiuser-server'])
+        except BaseException:  # pylint: disable=broad-exception-caught
+            code = 99
+        sys.stdout.flush()
+        os._exit(code)  # pylint: disable=protected-access
+    os.close(write_fd)
+    with os.fdopen(read_fd) as handle:
+        out = handle.read()
+    status = os.waitpid(child, 0)[1]
+    assert os.waitstatus_to_exitcode(status) == 1
+    assert out == 'The -multiuser-server option requires root privileges\n'
+    assert not os.path.exists(host.pipe)
+
+
+def test_multiuser_server_as_root_starts(host: SimHost) -> None:
+    host.start('-d', '-multiuser-server')
+    assert host.state()['multiuser'] is True
+
+
+def _pipe_of_control_length(host: SimHost, length: int) -> str:
+    prefix = os.path.join(host.base, 'x')
+    pad = length - len(prefix) - len('/control')
+    assert pad > 0
+    return prefix + 'y' * pad
+
+
+def test_control_path_of_107_bytes_works(host: SimHost) -> None:
+    pipe = _pipe_of_control_length(host, 107)
+    assert len(os.path.join(pipe, 'control')) == 107
+    env = {'CUDA_MPS_PIPE_DIRECTORY': pipe}
+    host.start(env=env)
+    assert host.ui(['get_default_active_thread_percentage'], env=env).stdout == '100.0\n'
+    assert sorted(os.listdir(pipe)) == sorted(mps_common.PIPE_FILES)
+    host.ui(['quit'], env=env)
+
+
+def test_control_path_over_107_bytes_cannot_bind_and_ui_cannot_find_the_daemon(host: SimHost) -> None:
+    pipe = _pipe_of_control_length(host, 108)
+    env = {'CUDA_MPS_PIPE_DIRECTORY': pipe}
+    proc = host.start(env=env, check=False)
+    assert (proc.returncode, proc.stdout) == (0, '')  # FAKE_MPS_BIND_FAILURE=silent (default)
+    assert host.wait_log(f'Failed to bind socket {pipe}/control')
+    assert not os.path.exists(os.path.join(pipe, 'control'))
+    ui = host.ui(['get_server_list'], env=env)
+    assert (ui.returncode, ui.stdout) == (1, 'Cannot find MPS control daemon process\n')
+    # the daemon did not stay: nothing holds the lock
+    fd = os.open(os.path.join(pipe, 'control_lock'), os.O_RDWR)
+    try:
+        wait_until(lambda: _lockable(fd), what='lock released')
+    finally:
+        os.close(fd)
+
+
+def _lockable(fd: int) -> bool:
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    fcntl.lockf(fd, fcntl.LOCK_UN)
+    return True
+
+
+def test_clean_quit_removes_everything_but_the_lock_by_default(running: SimHost) -> None:
+    running.quit()
+    assert os.listdir(running.pipe) == ['control_lock']
+    proc = running.ui(['get_server_list'])
+    assert (proc.returncode, proc.stdout) == (1, 'Cannot find MPS control daemon process\n')
+
+
+def test_quit_logs_the_command_and_closes_the_ui(running: SimHost) -> None:
+    running.quit()
+    assert running.log_messages()[-4:] == ['Accepting connection...', 'NEW UI', 'Cmd:quit', 'UI closed']
+
+
+def test_restart_after_quit_works_and_appends_to_the_logs(running: SimHost) -> None:
+    first = running.daemon_pid()
+    running.quit()
+    running.start()
+    assert running.daemon_pid() != first
+    starts = [m for m in running.log_messages() if m.startswith('Starting control daemon')]
+    assert len(starts) == 2
+
+
+def test_daemon_sigterm_ends_it_like_a_crash(running: SimHost) -> None:
+    pid = running.daemon_pid()
+    os.kill(pid, signal.SIGTERM)
+    wait_until(lambda: not pid_alive(pid), what='daemon exit')
+    assert 'control' in os.listdir(running.pipe)
+    running.start()
+
+
+def test_invalid_switch_value_refuses_to_start(host: SimHost) -> None:
+    proc = host.start(env={'FAKE_MPS_ERROR_STYLE': 'bogus'}, check=False)
+    assert proc.returncode == 2
+    assert 'FAKE_MPS_ERROR_STYLE' in proc.stderr
+
+
+def test_runs_through_a_wrapper_named_like_the_real_binary(host: SimHost) -> None:
+    # what `make simhost` writes: .simhost/bin/nvidia-cuda-mps-control execs the simulator
+    bindir = os.path.join(host.base, 'bin')
+    os.mkdir(bindir)
+    wrapper = os.path.join(bindir, 'nvidia-cuda-mps-control')
+    with open(wrapper, 'w', encoding='utf-8') as handle:
+        handle.write(f'#!/bin/sh\nexec {PYTHON} {SIM} "$@"\n')
+    os.chmod(wrapper, 0o755)
+    env = host.environ(PATH=f'{bindir}:{os.environ.get("PATH", "")}')
+    proc = subprocess.run(['nvidia-cuda-mps-control', '-d'], env=env, capture_output=True, text=True, timeout=15, check=False)
+    assert (proc.returncode, proc.stdout) == (0, '')
+    proc = subprocess.run(['nvidia-cuda-mps-control'], input='get_default_active_thread_percentage', env=env, capture_output=True,
+                          text=True, timeout=15, check=False)
+    assert (proc.returncode, proc.stdout) == (0, '100.0\n')
+
+
+def test_once_quit_returns_the_files_are_gone_and_a_new_d_starts_at_once(running: SimHost) -> None:
+    for _attempt in range(3):
+        assert running.out(['quit']) == ''
+        assert os.listdir(running.pipe) == ['control_lock']
+        proc = running.start(check=False)
+        assert (proc.returncode, proc.stdout) == (0, '')
+
+
+def _ui_as_nobody(host: SimHost, commands: str) -> tuple[int, str]:
+    read_fd, write_fd = os.pipe()
+    in_r, in_w = os.pipe()
+    os.write(in_w, commands.encode())
+    os.close(in_w)
+    child = os.fork()
+    if child == 0:  # pragma: no cover - child process
+        try:
+            os.close(read_fd)
+            os.dup2(write_fd, 1)
+            os.dup2(in_r, 0)
+            sys.stdout = os.fdopen(1, 'w')
+            sys.stdin = os.fdopen(0, 'r')
+            os.environ['CUDA_MPS_PIPE_DIRECTORY'] = host.pipe
+            os.setgid(65534)
+            os.setuid(65534)
+            code = mps_sim.main(['nvidia-cuda-mps-control'])
+        except BaseException:  # pylint: disable=broad-exception-caught
+            code = 99
+        sys.stdout.flush()
+        os._exit(code)  # pylint: disable=protected-access
+    os.close(write_fd)
+    os.close(in_r)
+    with os.fdopen(read_fd) as handle:
+        out = handle.read()
+    status = os.waitpid(child, 0)[1]
+    return os.waitstatus_to_exitcode(status), out
+
+
+def test_non_root_ui_may_read_but_not_change(running: SimHost) -> None:
+    code, out = _ui_as_nobody(running, 'get_default_active_thread_percentage\nset_default_active_thread_percentage 10\nquit\n')
+    assert code == 0
+    assert out == ('100.0\nPermission denied: set_default_active_thread_percentage requires root\n'
+                   'Permission denied: quit requires root\n')
+    assert running.out(['get_default_active_thread_percentage']) == '100.0\n'
+
+
+def test_log_line_reproduces_the_real_format() -> None:
+    line = mps_daemon.log_line('Control', 72, 'Starting control daemon using socket /mps/nvidia.com/gpu/pipe/control')
+    assert re.fullmatch(r'\[\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}\.\d{3} Control    72\] Starting control daemon using socket '
+                        r'/mps/nvidia\.com/gpu/pipe/control', line)
+    assert mps_daemon.log_line('Control', 11107, 'x').endswith(' Control 11107] x')
+    assert mps_daemon.log_line('Other', 337, 'Startup').endswith(' Other   337] Startup')
+
+
+def test_d_returns_even_when_the_caller_leaks_a_pipe_to_it(host: SimHost) -> None:
+    # a caller that waits for EOF on a pipe it passed down must not wait for the daemon
+    read_fd, write_fd = os.pipe()
+    proc = subprocess.run([PYTHON, SIM, '-d'], env=host.environ(), pass_fds=(write_fd,), capture_output=True, text=True,
+                          timeout=15, check=False)
+    os.close(write_fd)
+    assert proc.returncode == 0
+    ready = select.select([read_fd], [], [], 5)[0]
+    assert ready and os.read(read_fd, 1) == b''  # EOF: the daemon did not keep the pipe
+    os.close(read_fd)
+    assert host.out(['get_server_list']) == ''

@@ -1,0 +1,227 @@
+# Copyright: (c) gpufleet.mps contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Play tests/gpu/transcript.py against the REAL nvidia-cuda-mps-control and the simulator; diff them.
+
+Needs a GPU host: the real binary (an ELF file, not the simulator's wrapper) and a
+working driver (nvidia-smi answers).  Without them it prints why and exits 0 (skip).
+
+Both runs use private pipe/log directories and CUDA_VISIBLE_DEVICES set to one GPU
+(by UUID); the simulator gets a FAKE_NVML_CONFIG written from nvidia-smi, so both see
+the same device.  Pids and timestamps are normalised, then every step's exit code,
+stdout, stderr, file modes and log lines are compared.
+
+Exit status: 0 when every step tagged C or O (confirmed / observed in the reference)
+matches, 1 when one differs (differences in I / U steps are printed, not failed),
+2 on a usage error.  ``--json FILE`` writes both runs' results.
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from typing import Dict, List, Optional, Tuple
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.abspath(os.path.join(HERE, '..', '..'))
+SIM_DIR = os.path.join(REPO, 'tests', 'fakes', 'mps')
+sys.path.insert(0, HERE)
+
+import transcript  # noqa: E402  pylint: disable=wrong-import-position
+
+NAME = 'nvidia-cuda-mps-control'
+EXTRA_DIRS = ['/usr/bin', '/usr/local/bin', '/usr/local/nvidia/bin', '/usr/local/cuda/bin']
+
+
+def is_elf(path: str) -> bool:
+    """The real tools are ELF binaries; the simulator's wrapper is a script."""
+    try:
+        with open(path, 'rb') as handle:
+            return handle.read(4) == b'\x7fELF'
+    except OSError:
+        return False
+
+
+def find_real(name: str) -> Tuple[Optional[str], List[str]]:
+    """(first ELF called name on PATH or in the usual places, non-ELF candidates seen)."""
+    seen: List[str] = []
+    for directory in os.environ.get('PATH', '').split(os.pathsep) + EXTRA_DIRS:
+        path = os.path.join(directory or '.', name)
+        if not os.path.isfile(path) or not os.access(path, os.X_OK):
+            continue
+        real = os.path.realpath(path)
+        if is_elf(real):
+            return real, seen
+        if real not in seen:
+            seen.append(real)
+    return None, seen
+
+
+def query_gpus(smi: str) -> List[Dict[str, str]]:
+    """GPUs as nvidia-smi reports them (index, uuid, name, memory, compute capability)."""
+    fields = ['index', 'uuid', 'name', 'memory.total']
+    proc = subprocess.run([smi, f'--query-gpu={",".join(fields + ["compute_cap"])}', '--format=csv,noheader,nounits'],
+                          capture_output=True, text=True, timeout=60, check=False)
+    with_cc = proc.returncode == 0
+    if not with_cc:  # older drivers lack compute_cap
+        proc = subprocess.run([smi, f'--query-gpu={",".join(fields)}', '--format=csv,noheader,nounits'],
+                              capture_output=True, text=True, timeout=60, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stdout.strip() or proc.stderr.strip() or f'nvidia-smi exited {proc.returncode}')
+    gpus = []
+    for line in proc.stdout.splitlines():
+        parts = [p.strip() for p in line.split(',')]
+        if len(parts) >= 4:
+            gpus.append({'index': parts[0], 'uuid': parts[1], 'name': parts[2], 'memory': parts[3],
+                         'cc': parts[4] if with_cc and len(parts) > 4 else '7.0'})
+    return gpus
+
+
+def driver_version(smi: str) -> str:
+    """Driver version for the simulator's INI."""
+    proc = subprocess.run([smi, '--query-gpu=driver_version', '--format=csv,noheader'], capture_output=True, text=True, timeout=60, check=False)
+    return proc.stdout.splitlines()[0].strip() if proc.returncode == 0 and proc.stdout.strip() else '0'
+
+
+def write_ini(path: str, gpus: List[Dict[str, str]], driver: str) -> None:
+    """A FAKE_NVML_CONFIG describing this host's GPUs."""
+    lines = ['[system]', f'driver_version = {driver}', 'cuda_driver_version = 0', '']
+    for gpu in gpus:
+        lines += [f'[gpu{gpu["index"]}]', f'name = {gpu["name"]}', f'uuid = {gpu["uuid"]}', f'memory_total_mib = {gpu["memory"]}',
+                  f'compute_capability = {gpu["cc"]}', 'compute_mode = default', 'mig_mode = disabled', '']
+    with open(path, 'w', encoding='utf-8') as handle:
+        handle.write('\n'.join(lines))
+
+
+def run_side(base: str, control: List[str], client: List[str], extra_env: Dict[str, str]) -> List[dict]:
+    """Play the transcript in base/{p,l}; results with base replaced by <BASE>."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(('CUDA_MPS_', 'FAKE_MPS_'))}
+    env.update({'CUDA_MPS_PIPE_DIRECTORY': os.path.join(base, 'p'), 'CUDA_MPS_LOG_DIRECTORY': os.path.join(base, 'l')})
+    env.update(extra_env)
+    results = transcript.Runner(control, client, env).run()
+    return json.loads(json.dumps(results).replace(base, '<BASE>'))
+
+
+ASYNC_RE = re.compile(r'\] (NEW CLIENT |NEW SERVER |Starting new server |Server \S+ (exited|was terminated|encountered)|'
+                      r'User did not send valid credentials|Starting control daemon|To connect CUDA|Client \S+ rejected)')
+
+
+def log_view(text: str) -> Dict[str, List[str]]:
+    """A log as comparable data: the UI sessions in order (their command and reply lines; polling
+    repeats of the same commands collapsed to the last one) and, sorted, the lines that arrive
+    asynchronously (clients, servers, daemon start), which may interleave differently."""
+    sessions: List[List[str]] = []
+    current: Optional[List[str]] = None
+    other: List[str] = []
+    for line in text.splitlines():
+        message = line.split('] ', 1)[1] if '] ' in line else line
+        if message == 'Accepting connection...':
+            continue
+        if message == 'NEW UI':
+            current = []
+            sessions.append(current)
+            continue
+        if current is None or ASYNC_RE.search(line):
+            other.append(line)
+            continue
+        current.append(message)
+        if message == 'UI closed':
+            current = None
+    collapsed: List[List[str]] = []
+    for session in sessions:
+        if collapsed and [m for m in collapsed[-1] if m.startswith('Cmd:')] == [m for m in session if m.startswith('Cmd:')]:
+            collapsed[-1] = session
+        else:
+            collapsed.append(session)
+    return {'ui_sessions': [' | '.join(s) for s in collapsed], 'other_lines': sorted(other)}
+
+
+def diff_text(name: str, real: object, sim: object) -> List[str]:
+    """Unified diff of two values (as text)."""
+    def lines(value: object) -> List[str]:
+        if isinstance(value, str):
+            return value.splitlines()
+        return json.dumps(value, indent=1, sort_keys=True).splitlines()
+    return list(difflib.unified_diff(lines(real), lines(sim), f'real {name}', f'simulator {name}', lineterm='', n=2))
+
+
+def compare(real: List[dict], sim: List[dict]) -> Tuple[List[str], int, int]:
+    """Report lines, number of differing steps, number of those tagged C or O."""
+    report: List[str] = []
+    differing = hard = 0
+    for want, got in zip(real, sim):
+        if want.get('op') == 'log':
+            want = dict(want, data=log_view(want.get('data') or ''))
+            got = dict(got, data=log_view(got.get('data') or ''))
+        fields = [k for k in ('rc', 'stdout', 'stderr', 'data') if k in want or k in got]
+        changed = [k for k in fields if want.get(k) != got.get(k)]
+        if not changed:
+            report.append(f'same    [{want["tag"]}] {want["id"]}')
+            continue
+        differing += 1
+        hard += want['tag'] in ('C', 'O')
+        report.append(f'DIFFERS [{want["tag"]}] {want["id"]}: {", ".join(changed)}')
+        if 'commands' in want:
+            report.append(f'    commands: {want["commands"]}')
+        for key in changed:
+            report.extend('    ' + line for line in diff_text(f'{want["id"]}.{key}', want.get(key), got.get(key)))
+    return report, differing, hard
+
+
+def main(argv: List[str]) -> int:
+    """Find the real stack or skip; run both sides; print the differences."""
+    parser = argparse.ArgumentParser(description=__doc__.split('\n', 1)[0])
+    parser.add_argument('--json', help='write both runs here')
+    parser.add_argument('--keep', action='store_true', help='keep the temporary directories')
+    args = parser.parse_args(argv)
+
+    real, others = find_real(NAME)
+    if real is None:
+        why = f' (found only non-ELF {", ".join(others)}: the simulator, not the real binary)' if others else ''
+        print(f'SKIP: no real {NAME} on this host{why}')
+        return 0
+    smi = find_real('nvidia-smi')[0]
+    if smi is None:
+        print('SKIP: no real nvidia-smi on this host (no NVIDIA driver)')
+        return 0
+    try:
+        gpus = query_gpus(smi)
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+        print(f'SKIP: the NVIDIA driver does not answer: {exc}')
+        return 0
+    if not gpus:
+        print('SKIP: nvidia-smi lists no GPU')
+        return 0
+
+    root = tempfile.mkdtemp(prefix='mpscmp', dir='/tmp')
+    os.chmod(root, 0o755)
+    try:
+        ini = os.path.join(root, 'nvml.ini')
+        write_ini(ini, gpus, driver_version(smi))
+        device = {'CUDA_VISIBLE_DEVICES': gpus[0]['uuid']}
+        print(f'real binary: {real}; device: {gpus[0]["name"]} {gpus[0]["uuid"]}; python: {sys.executable}')
+        real_results = run_side(os.path.join(root, 'r'), [real], [sys.executable, os.path.join(HERE, 'cuda_client.py')], device)
+        sim_results = run_side(os.path.join(root, 's'), [sys.executable, os.path.join(SIM_DIR, 'mps_sim.py')],
+                               [sys.executable, os.path.join(SIM_DIR, 'mps_client.py')], dict(device, FAKE_NVML_CONFIG=ini))
+    finally:
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    if args.json:
+        with open(args.json, 'w', encoding='utf-8') as handle:
+            json.dump({'real': real_results, 'simulator': sim_results}, handle, indent=1, sort_keys=True)
+    report, differing, hard = compare(real_results, sim_results)
+    print('\n'.join(report))
+    print(f'{len(real_results)} steps: {len(real_results) - differing} same, {differing} differ ({hard} of them tagged C/O)')
+    for step, result in zip(transcript.STEPS, real_results):
+        for problem in transcript.check(step, result):
+            print(f'real binary misses the reference: {problem}')
+    return 1 if hard else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main(sys.argv[1:]))
