@@ -10,7 +10,8 @@ Replies carry no delimiters and some commands print nothing, one line, or a vari
 lines (and the text of an error, or of an unset value, is undocumented). To split a batch's output
 reliably, ``get_default_active_thread_percentage`` - which always prints exactly one ``%.1f``
 number - is inserted after every command whose reply is not itself such a number. Nothing else the
-UI prints looks like ``\\d+\\.\\d``, so those lines delimit the replies.
+UI prints looks like ``\\d+\\.\\d``, so those lines delimit the replies. A percentage query for
+a server pid may fail with any text or none; ``ps`` (whose header is never a percentage) fences it.
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ PERCENT_COMMANDS = frozenset((
     'set_active_thread_percentage',
 ))
 _PERCENT_LINE = re.compile(r'\d+\.\d+')
+# Sent after a per-server percentage query that may fail (the pid may not be a server): its reply
+# always starts with a header line that is not a percentage, so an empty error reply cannot be
+# mistaken for the sentinel's percentage.
+FENCE = 'ps'
 _TOKEN = re.compile(r'[A-Za-z0-9][A-Za-z0-9._:=-]*')
 
 
@@ -67,26 +72,68 @@ class Reply:
         return '\n'.join(self.lines)
 
 
-def _split_replies(commands: t.Sequence[str], lines: t.List[str]) -> t.List[Reply]:
+def _is_percent(cmd: str) -> bool:
+    return cmd.split()[0] in PERCENT_COMMANDS
+
+
+def _may_fail_percent(cmd: str) -> bool:
+    """A percentage query naming a server pid: the pid may not be a server (any more)."""
+    return _is_percent(cmd) and len(cmd.split()) > 1
+
+
+def _is_percent_line(line: str) -> bool:
+    return bool(_PERCENT_LINE.fullmatch(line))
+
+
+def batch_text(commands: t.Sequence[str]) -> str:
+    """The UI's stdin for ``commands``: each reply framed so that it can be split reliably.
+
+    After every command but the last comes the sentinel (``get_default_active_thread_percentage``,
+    one ``%.1f`` line), except after a pid-less percentage query, whose reply is itself one such
+    line. A percentage query naming a pid is followed by the fence and then the sentinel: whether it
+    prints a percentage, an error text or nothing, the next percentage-looking line after the fence
+    is the sentinel.
+    """
+    sent: t.List[str] = []
+    for index, cmd in enumerate(commands):
+        sent.append(cmd)
+        if index == len(commands) - 1:
+            break
+        if _may_fail_percent(cmd):
+            sent.append(FENCE)
+        if not _is_percent(cmd) or _may_fail_percent(cmd):
+            sent.append(SENTINEL)
+    return '\n'.join(sent)
+
+
+def split_replies(commands: t.Sequence[str], lines: t.Sequence[str]) -> t.List[Reply]:
+    """Split the UI's output (non-blank lines, stripped) for a batch framed by :func:`batch_text`.
+
+    The reply of a failed pid percentage query also holds the fence's output; it is only ever
+    parsed as a percentage, which it is not.
+    """
     replies = []
     pos = 0
     for index, cmd in enumerate(commands):
-        is_last = index == len(commands) - 1
-        if cmd.split()[0] in PERCENT_COMMANDS:
+        if index == len(commands) - 1:
+            replies.append(Reply(cmd, tuple(lines[pos:])))
+            pos = len(lines)
+            break
+        if _is_percent(cmd) and not _may_fail_percent(cmd):
             replies.append(Reply(cmd, tuple(lines[pos:pos + 1])))
             pos += 1
             continue
-        if is_last:
-            replies.append(Reply(cmd, tuple(lines[pos:])))
-            pos = len(lines)
-            continue
+        value: t.Optional[t.Tuple[str, ...]] = None
+        if _may_fail_percent(cmd) and pos < len(lines) and _is_percent_line(lines[pos]):
+            value = (lines[pos],)
+            pos += 1
         end = pos
-        while end < len(lines) and not _PERCENT_LINE.fullmatch(lines[end]):
+        while end < len(lines) and not _is_percent_line(lines[end]):
             end += 1
         if end == len(lines):
-            raise ControlBinaryError(
-                'unexpected reply from the MPS control UI: no delimiter after %r' % cmd, stdout='\n'.join(lines))
-        replies.append(Reply(cmd, tuple(lines[pos:end])))
+            raise ControlBinaryError('unexpected reply from the MPS control UI: no delimiter after %r' % cmd,
+                                     stdout='\n'.join(lines))
+        replies.append(Reply(cmd, value if value is not None else tuple(lines[pos:end])))
         pos = end + 1
     return replies
 
@@ -117,7 +164,7 @@ class ControlClient:
         self.processes += 1
         try:
             proc = subprocess.run(  # pylint: disable=subprocess-run-check
-                [self.binary], input=stdin_text, capture_output=True, text=True, env=self._env(),
+                [self.binary], input=stdin_text, capture_output=True, text=True, errors='replace', env=self._env(),
                 timeout=self.timeout, close_fds=True)
         except subprocess.TimeoutExpired as exc:
             raise DaemonTimeoutError(
@@ -137,12 +184,7 @@ class ControlClient:
         """Send ``commands`` in one UI process; return one :class:`Reply` per command."""
         if not commands:
             return []
-        sent: t.List[str] = []
-        for index, cmd in enumerate(commands):
-            sent.append(cmd)
-            if cmd.split()[0] not in PERCENT_COMMANDS and index < len(commands) - 1:
-                sent.append(SENTINEL)
-        rc, stdout, stderr = self.run_raw('\n'.join(sent))
+        rc, stdout, stderr = self.run_raw(batch_text(commands))
         if NOT_RUNNING_TEXT in stdout or NOT_RUNNING_TEXT in stderr:
             raise DaemonNotRunningError('no MPS control daemon answers on %s' % self.pipe_dir, pipe_dir=self.pipe_dir)
         if rc != 0:
@@ -150,7 +192,7 @@ class ControlClient:
                 '%s exited with status %d%s' % (self.binary, rc, self._log_hint()),
                 rc=rc, stdout=stdout, stderr=stderr)
         lines = [line.strip() for line in stdout.splitlines() if line.strip()]
-        return _split_replies(commands, lines)
+        return split_replies(commands, lines)
 
 
 def parse_percentage(reply: Reply) -> float:

@@ -112,11 +112,11 @@ class Nvml:
         self.enumeration_var_was_set = False
 
     def __enter__(self) -> 'Nvml':
+        if os.environ.pop(MPS_ENUMERATION_VAR, None) is not None:
+            self.enumeration_var_was_set = True
         if self._lib is None:
             raise NvmlError('the Python package %s is required on the managed node (import pynvml failed: %s)'
                             % (PYNVML_PACKAGE, PYNVML_IMPORT_ERROR), missing_library=PYNVML_PACKAGE)
-        if os.environ.pop(MPS_ENUMERATION_VAR, None) is not None:
-            self.enumeration_var_was_set = True
         try:
             self._lib.nvmlInit()
         except self._lib.NVMLError as exc:

@@ -1,0 +1,395 @@
+# Copyright: gpufleet.mps contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Facts about a host's MPS setup: NVML, GPUs, every daemon under a root, its servers and limits.
+
+Reads only: no file, process, GPU or daemon setting is ever changed.
+
+Everything a daemon is asked goes through ONE control UI process. Which of its children are servers
+is only known from ``get_server_list``, in the same batch, so each child is asked about as if it
+were one; ``_control`` frames the replies so that the error texts a non-server gets (undocumented,
+possibly empty) cannot shift them.
+"""
+
+from __future__ import annotations
+
+import os
+import typing as t
+from dataclasses import dataclass, field
+
+from ._control import (
+    SENTINEL,
+    ControlClient,
+    Reply,
+    command,
+    parse_percentage,
+    parse_pids,
+)
+from ._daemon import DaemonState, child_pids, inspect, read_pid_file
+from ._errors import DaemonTimeoutError, InvalidParameterError, MpsError, NvmlError
+from ._gpus import MPS_ENUMERATION_VAR, Gpu, Nvml
+from ._io import read_json, untraversable_parents
+from ._limits import Limits, parse_readback, percentage_matches, read_persisted, readback_matches
+from ._root import ResourcePaths, config_paths, resource_paths, scan_resources, validate_root
+
+GATHER_CHOICES = ('gpus', 'daemons', 'servers')
+SERVER_STATES = ('INITIALIZING', 'ACTIVE', 'FAULT')
+
+
+# --- what one daemon is asked ---------------------------------------------------------------------
+def daemon_commands(ordinals: int, candidates: t.Sequence[int]) -> t.List[str]:
+    """Every read for one daemon: health and defaults, its server list, and each candidate server.
+
+    Each candidate's percentage query comes last in its block, and the last block's is the last
+    command of the batch, which needs no fence: with one server (the usual case) nothing is fenced.
+    """
+    cmds = [SENTINEL, command('get_server_list')]
+    cmds.extend(command('get_default_device_pinned_mem_limit', ordinal) for ordinal in range(ordinals))
+    for pid in candidates:
+        cmds.append(command('get_server_status', pid))
+        cmds.append(command('get_client_list', pid))
+        cmds.extend(command('get_device_pinned_mem_limit', pid, ordinal) for ordinal in range(ordinals))
+        cmds.append(command('get_active_thread_percentage', pid))
+    return cmds
+
+
+@dataclass
+class Readout:
+    """What one daemon reported, parsed."""
+
+    default_percentage: float
+    default_mem: t.List[t.Optional[str]]
+    servers: t.List[t.Dict[str, t.Any]] = field(default_factory=list)
+
+
+def _mem_text(reply: Reply) -> t.Optional[str]:
+    """A memory limit as the daemon printed it; None when unset (or not a limit: an error text)."""
+    text = reply.text.strip()
+    try:
+        return text if parse_readback(text) is not None else None
+    except MpsError:
+        return None
+
+
+def _optional_percentage(reply: Reply) -> t.Optional[float]:
+    try:
+        return parse_percentage(reply)
+    except MpsError:
+        return None
+
+
+def parse_daemon_replies(replies: t.Sequence[Reply], ordinals: int, candidates: t.Sequence[int],
+                         uuids: t.Sequence[str], uid_of: t.Callable[[int], t.Optional[int]]) -> Readout:
+    """Turn the replies to :func:`daemon_commands` into facts; only listed servers are reported."""
+    it = iter(replies)
+    default_percentage = parse_percentage(next(it))
+    listed = parse_pids(next(it))
+    default_mem = [_mem_text(next(it)) for ordinal in range(ordinals)]
+    asked: t.Dict[int, t.Dict[str, t.Any]] = {}
+    for pid in candidates:
+        status = next(it)
+        clients = next(it)
+        mem = [_mem_text(next(it)) for ordinal in range(ordinals)]
+        percentage = _optional_percentage(next(it))
+        try:
+            client_pids = parse_pids(clients)
+        except MpsError:
+            client_pids = []
+        asked[pid] = {
+            'pid': pid,
+            'status': status.text if status.text in SERVER_STATES else None,
+            'uid': uid_of(pid),
+            'clients': client_pids,
+            'limits': {
+                'active_thread_percentage': percentage,
+                'pinned_device_mem_limit': dict(zip(uuids, mem)),
+            },
+        }
+    servers = []
+    for pid in listed:
+        # A server that is not a child of the daemon (another pid namespace) is listed, not detailed.
+        servers.append(asked.get(pid) or {
+            'pid': pid, 'status': None, 'uid': uid_of(pid), 'clients': [],
+            'limits': {'active_thread_percentage': None, 'pinned_device_mem_limit': {}},
+        })
+    return Readout(default_percentage, default_mem, servers)
+
+
+def process_uid(pid: int, proc: str = '/proc') -> t.Optional[int]:
+    """The real uid of a process (``Uid:`` in ``/proc/<pid>/status``); None when unknowable."""
+    try:
+        with open('%s/%d/status' % (proc, pid), encoding='ascii', errors='replace') as handle:
+            for line in handle:
+                if line.startswith('Uid:'):
+                    return int(line.split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+    return None
+
+
+# --- limits -------------------------------------------------------------------------------------
+def persisted_facts(limits: t.Optional[Limits]) -> t.Optional[t.Dict[str, t.Any]]:
+    if limits is None:
+        return None
+    return {
+        'active_thread_percentage': limits.active_thread_percentage,
+        'pinned_device_mem_limit_mib': dict(sorted(limits.pinned_device_mem_limit.items())),
+        'replicas': limits.replicas,
+    }
+
+
+def limit_differences(persisted: t.Optional[Limits], percentage: t.Optional[float],
+                      mem: t.Mapping[str, t.Optional[str]], uuids: t.Sequence[str]) -> t.List[str]:
+    """Where the daemon's defaults disagree with the persisted limits, read-back loss allowed for.
+
+    Only what is persisted is compared: an unmanaged (None) limit never differs.
+    """
+    if persisted is None:
+        return []
+    found = []
+    wanted_pct = persisted.active_thread_percentage
+    if wanted_pct is not None and not percentage_matches(percentage, wanted_pct):
+        found.append('active thread percentage %s persisted, %s reported' % (wanted_pct, percentage))
+    for ordinal, uuid in enumerate(uuids):
+        wanted_mib = persisted.mem_for(uuid)
+        if wanted_mib is None:
+            continue
+        text = mem.get(uuid)
+        if not readback_matches(parse_readback(text) if text else None, wanted_mib):
+            found.append('pinned memory limit of device %d (%s) %dM persisted, %s reported' % (
+                ordinal, uuid, wanted_mib, text or 'none'))
+    return found
+
+
+# --- the whole host -----------------------------------------------------------------------------
+def nvml_facts(nvml_factory: t.Callable[[], Nvml]) -> t.Tuple[t.Dict[str, t.Any], t.List[Gpu], bool]:
+    """(nvml facts, GPUs, whether NVML_MPS_DEVICE_ENUMERATION was set). Never raises for a missing driver."""
+    facts: t.Dict[str, t.Any] = {'available': False, 'error': None, 'driver_version': None, 'cuda_driver_version': None}
+    gpus: t.List[Gpu] = []
+    enumeration_set = MPS_ENUMERATION_VAR in os.environ
+    nvml = nvml_factory()
+    try:
+        with nvml:
+            facts['driver_version'] = nvml.driver_version()
+            facts['cuda_driver_version'] = nvml.cuda_driver_version()
+            gpus = list(nvml.gpus())
+    except NvmlError as exc:
+        facts['error'] = exc.msg
+        return facts, [], enumeration_set or nvml.enumeration_var_was_set
+    facts['available'] = True
+    return facts, gpus, enumeration_set or nvml.enumeration_var_was_set
+
+
+@dataclass
+class InfoRequest:
+    """The validated options of one mps_info run."""
+
+    root: str
+    config_dir: str
+    name: t.Optional[str]
+    gather: t.FrozenSet[str]
+    control_binary: t.Optional[str]
+    timeout: float
+
+    @classmethod
+    def validate(cls, root: str, config_dir: str, name: t.Optional[str], gather: t.Sequence[str],
+                 control_binary: t.Optional[str], timeout: float) -> 'InfoRequest':
+        if not gather:
+            raise InvalidParameterError('gather', 'must name at least one of %s' % ', '.join(GATHER_CHOICES))
+        unknown = sorted(set(gather) - set(GATHER_CHOICES))
+        if unknown:
+            raise InvalidParameterError('gather', 'unknown %s; choose from %s' % (', '.join(unknown), ', '.join(GATHER_CHOICES)))
+        if timeout <= 0:
+            raise InvalidParameterError('timeout', 'must be a positive number of seconds, got %s' % timeout)
+        root = validate_root(root)
+        if name is not None:
+            resource_paths(root, name)
+        config_dir = validate_root(config_dir, 'config_dir')
+        wanted = frozenset(gather)
+        if 'servers' in wanted:
+            wanted = wanted | {'daemons'}
+        return cls(root, config_dir, name, wanted, control_binary, timeout)
+
+
+@dataclass
+class Report:
+    """The module's result, less ``changed``, and its warnings."""
+
+    facts: t.Dict[str, t.Any]
+    warnings: t.List[str]
+    ui_processes: int = 0
+
+
+class Collector:
+    """Gathers the facts of one host; never changes anything."""
+
+    def __init__(self, request: InfoRequest, nvml_factory: t.Callable[[], Nvml] = Nvml,
+                 uid_of: t.Callable[[int], t.Optional[int]] = process_uid) -> None:
+        self.request = request
+        self.nvml_factory = nvml_factory
+        self.uid_of = uid_of
+        self.warnings: t.List[str] = []
+        self.ui_processes = 0
+
+    def collect(self) -> Report:
+        nvml, gpus, enumeration_set = nvml_facts(self.nvml_factory)
+        facts: t.Dict[str, t.Any] = {'nvml': nvml, 'control_binary': self.request.control_binary}
+        if enumeration_set:
+            self.warnings.append('%s was set in the module environment; it was ignored (it makes NVML compute-mode '
+                                 'calls fail)' % MPS_ENUMERATION_VAR)
+        if 'gpus' in self.request.gather:
+            facts['gpus'] = [gpu.facts() for gpu in gpus]
+        if 'daemons' in self.request.gather:
+            facts['daemons'] = self.daemons(gpus, nvml['available'])
+        return Report(facts, self.warnings, self.ui_processes)
+
+    # --- daemons ---------------------------------------------------------------------------------
+    def _all_paths(self) -> t.List[ResourcePaths]:
+        found = []
+        for name in scan_resources(self.request.root):
+            try:
+                found.append(resource_paths(self.request.root, name))
+            except InvalidParameterError:
+                continue  # its control socket could not even be bound: no daemon can be there
+        return found
+
+    def daemons(self, gpus: t.Sequence[Gpu], nvml_available: bool) -> t.List[t.Dict[str, t.Any]]:
+        by_uuid = {gpu.uuid: gpu for gpu in gpus}
+        everything = self._all_paths()
+        if self.request.name is None:
+            reported = everything
+        else:
+            reported = [resource_paths(self.request.root, self.request.name)]
+        states = {paths.name: inspect(paths) for paths in everything}
+        records = {paths.name: _record(paths) for paths in everything}
+        daemons = []
+        for paths in reported:
+            if paths.name not in states:
+                states[paths.name] = inspect(paths)
+                records[paths.name] = _record(paths)
+            state = states[paths.name]
+            if state.running or state.stale:
+                daemons.append(self.daemon(paths, state, records[paths.name], by_uuid, nvml_available))
+        self._warn_shared_gpus(states, records, {d['name'] for d in daemons}, by_uuid)
+        return daemons
+
+    def daemon(self, paths: ResourcePaths, state: DaemonState, record: t.Dict[str, t.Any], by_uuid: t.Mapping[str, Gpu],
+               nvml_available: bool) -> t.Dict[str, t.Any]:
+        uuids = [str(uuid) for uuid in record.get('devices') or []]
+        devices = []
+        for ordinal, uuid in enumerate(uuids):
+            gpu = by_uuid.get(uuid)
+            devices.append({'ordinal': ordinal, 'uuid': uuid, 'index': gpu.index if gpu else None})
+        persisted = read_persisted(config_paths(self.request.config_dir, paths.name))
+        facts: t.Dict[str, t.Any] = {
+            'name': paths.name,
+            'pipe_dir': paths.pipe_dir,
+            'log_dir': paths.log_dir,
+            'env': paths.client_env(),
+            'state': 'running' if state.running else 'stale',
+            'running': state.running,
+            'healthy': False,
+            'error': None,
+            'pid': state.pid if state.running else None,
+            'supervisor': record.get('supervisor'),
+            'multiuser': record.get('multiuser'),
+            'started_at': record.get('started_at'),
+            'devices': devices,
+            'leftovers': [] if state.running else list(state.leftovers),
+            'limits': {'reported': None, 'persisted': persisted_facts(persisted), 'differences': []},
+        }
+        if 'servers' in self.request.gather:
+            facts['servers'] = []
+        if not state.running:
+            self.warnings.append('the MPS control daemon of %s%s is not running but left files behind (%s); '
+                                 'gpufleet.mps.mps_daemon cleans them up' % (
+                                     paths.name, _last_pid(paths), ', '.join(state.leftovers)))
+            return facts
+        self._warn_compute_modes(paths, devices, by_uuid, nvml_available)
+        blocked = untraversable_parents(paths.pipe_dir)
+        if blocked:
+            self.warnings.append('%s cannot be traversed by other users: MPS clients of %s that do not run as root '
+                                 'fail to connect (chmod o+x, or run clients as root)' % (', '.join(blocked), paths.name))
+        self._ask(paths, state.pid, uuids, persisted, facts)
+        return facts
+
+    def _ask(self, paths: ResourcePaths, pid: t.Optional[int], uuids: t.Sequence[str], persisted: t.Optional[Limits],
+             facts: t.Dict[str, t.Any]) -> None:
+        """One UI process for everything the daemon can tell; a silent or broken daemon is reported, not raised."""
+        candidates = child_pids(pid) if pid and 'servers' in self.request.gather else []
+        readout, error = self._readout(paths, uuids, candidates)
+        if readout is None:
+            facts['error'] = error
+            self.warnings.append('the MPS control daemon of %s (pid %s) runs but could not be asked: %s' % (
+                paths.name, pid if pid else 'unknown', error))
+            return
+        mem = dict(zip(uuids, readout.default_mem))
+        facts['healthy'] = True
+        facts['limits']['reported'] = {'active_thread_percentage': readout.default_percentage, 'pinned_device_mem_limit': mem}
+        if 'servers' in facts:
+            facts['servers'] = readout.servers
+        differences = limit_differences(persisted, readout.default_percentage, mem, uuids)
+        facts['limits']['differences'] = differences
+        if differences:
+            self.warnings.append('the limits of the MPS control daemon of %s differ from the persisted ones: %s' % (
+                paths.name, '; '.join(differences)))
+
+    def _readout(self, paths: ResourcePaths, uuids: t.Sequence[str], candidates: t.Sequence[int]
+                 ) -> t.Tuple[t.Optional[Readout], t.Optional[str]]:
+        """(what the daemon reported, None), or (None, why it could not be asked)."""
+        if not self.request.control_binary:
+            return None, 'nvidia-cuda-mps-control was not found on PATH: the daemon cannot be asked anything'
+        client = ControlClient(self.request.control_binary, paths.pipe_dir, timeout=self.request.timeout, log_dir=paths.log_dir)
+        try:
+            try:
+                replies = client.batch(daemon_commands(len(uuids), candidates))
+            finally:
+                self.ui_processes += client.processes
+            return parse_daemon_replies(replies, len(uuids), candidates, uuids, self.uid_of), None
+        except DaemonTimeoutError:
+            return None, 'accepted the connection but did not answer within %ss (see %s)' % (
+                _seconds(self.request.timeout), os.path.join(paths.log_dir, 'control.log'))
+        except MpsError as exc:
+            return None, exc.msg
+        except UnicodeDecodeError as exc:
+            return None, 'the control UI printed unreadable output (%s)' % exc
+
+    # --- warnings ----------------------------------------------------------------------------------
+    def _warn_compute_modes(self, paths: ResourcePaths, devices: t.Sequence[t.Dict[str, t.Any]], by_uuid: t.Mapping[str, Gpu],
+                            nvml_available: bool) -> None:
+        if not nvml_available:
+            return
+        for device in devices:
+            gpu = by_uuid.get(device['uuid'])
+            if gpu is not None and gpu.compute_mode not in ('exclusive_process', 'unsupported'):
+                self.warnings.append('GPU %d (%s) of the MPS control daemon of %s is in compute mode %s, not EXCLUSIVE_PROCESS: '
+                                     'CUDA processes that bypass MPS can use it too' % (
+                                         gpu.index, gpu.uuid, paths.name, gpu.compute_mode.upper()))
+
+    def _warn_shared_gpus(self, states: t.Mapping[str, DaemonState], records: t.Mapping[str, t.Dict[str, t.Any]],
+                          reported: t.AbstractSet[str], by_uuid: t.Mapping[str, Gpu]) -> None:
+        """A GPU in the records of two running daemons under the root (one of them reported here)."""
+        claims: t.Dict[str, t.List[str]] = {}
+        for name, state in states.items():
+            if not state.running:
+                continue
+            for uuid in records[name].get('devices') or []:
+                claims.setdefault(str(uuid), []).append(name)
+        for uuid, names in sorted(claims.items()):
+            if len(names) > 1 and reported.intersection(names):
+                gpu = by_uuid.get(uuid)
+                self.warnings.append('GPU %s%s is claimed by more than one MPS control daemon under %s: %s' % (
+                    '%d ' % gpu.index if gpu else '', '(%s)' % uuid if gpu else uuid, self.request.root, ', '.join(sorted(names))))
+
+
+def _record(paths: ResourcePaths) -> t.Dict[str, t.Any]:
+    data = read_json(paths.started_file)
+    return data if isinstance(data, dict) else {}
+
+
+def _last_pid(paths: ResourcePaths) -> str:
+    pid = read_pid_file(paths.pipe_dir)
+    return ' (pid %d)' % pid if pid else ''
+
+
+def _seconds(value: float) -> str:
+    return ('%d' % value) if float(value).is_integer() else ('%s' % value)

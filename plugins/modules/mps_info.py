@@ -1,0 +1,400 @@
+#!/usr/bin/python
+# Copyright: gpufleet.mps contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r'''
+module: mps_info
+short_description: Facts about NVIDIA GPUs, CUDA MPS control daemons, their servers and limits
+version_added: 0.1.0
+description:
+  - Reports the host's GPUs as NVML sees them, every MPS control daemon under O(root) that is running or left state
+    behind (a crashed one), its health, devices, servers and clients, and its limits both as the daemon reports them
+    and as persisted in O(config_dir).
+  - Each running daemon is asked everything in one control UI process. A daemon that does not answer within
+    O(timeout) is reported with RV(daemons[].healthy=false) and the reason in RV(daemons[].error); the task does not
+    fail.
+  - A host without the NVIDIA driver or without nvidia-ml-py does not fail either - RV(nvml.available) is V(false) and
+    RV(nvml.error) says why - so a play over a mixed fleet can skip hosts without GPUs.
+  - Also reports, as warnings, what usually breaks MPS clients - see RV(warnings).
+  - Changes nothing, ever.
+attributes:
+  check_mode:
+    description: Runs the same reads in check mode; it never changes anything anyway.
+    support: full
+  diff_mode:
+    description: Nothing is changed, so there is nothing to show.
+    support: none
+  idempotent:
+    description: Reading facts changes nothing.
+    support: full
+options:
+  name:
+    description:
+      - Report only the daemon of this resource (for example V(nvidia.com/gpu) or V(train)). Without it, every
+        resource under O(root) is reported.
+      - A resource whose daemon is stopped and left nothing behind is not reported.
+    type: str
+  root:
+    description:
+      - Absolute directory under which every resource has its directories (C(<root>/<name>/pipe),
+        C(<root>/<name>/log), C(<root>/<name>/.started)), laid out like NVIDIA's Kubernetes device plugin.
+    type: path
+    default: /run/nvidia/mps
+  config_dir:
+    description:
+      - Absolute directory where the limits of each resource are persisted (by gpufleet.mps.mps_limits), compared
+        with what the daemons report.
+    type: path
+    default: /etc/gpufleet-mps
+  control_binary:
+    description:
+      - Absolute path of C(nvidia-cuda-mps-control). Found on E(PATH) when not given; when it is not installed,
+        running daemons are listed from their files but cannot be asked anything.
+    type: path
+  gather:
+    description:
+      - What to report. V(gpus) is RV(gpus); V(daemons) is RV(daemons) without their servers; V(servers) adds each
+        daemon's servers, their clients and their limits (and implies V(daemons)).
+      - RV(nvml), RV(control_binary) and RV(warnings) are always returned.
+    type: list
+    elements: str
+    choices: [gpus, daemons, servers]
+    default: [gpus, daemons, servers]
+  timeout:
+    description:
+      - Seconds to wait for each daemon's answer.
+    type: int
+    default: 10
+notes:
+  - Reading compute modes and the daemons' files works as any user; asking a daemon needs access to its pipe
+    directory (root for the default O(root)).
+requirements:
+  - nvidia-ml-py >= 12 (C(import pynvml)) on the managed node, for GPU facts; without it RV(nvml.available) is V(false).
+seealso:
+  - module: gpufleet.mps.mps_daemon
+author:
+  - gpufleet.mps developers (@gpufleet)
+'''
+
+EXAMPLES = r'''
+- name: Everything about MPS on the host
+  gpufleet.mps.mps_info:
+  register: mps
+
+- name: Skip hosts without a usable NVIDIA driver
+  ansible.builtin.meta: end_host
+  when: not mps.nvml.available
+
+- name: Fail when a daemon does not answer
+  ansible.builtin.assert:
+    that: mps.daemons | rejectattr('healthy') | list | length == 0
+    fail_msg: "{{ mps.daemons | rejectattr('healthy') | map(attribute='name') | join(', ') }} not healthy"
+
+- name: Only the GPUs, without touching any daemon
+  gpufleet.mps.mps_info:
+    gather: [gpus]
+  register: gpu_facts
+
+- name: One resource, without its servers (one short control UI session)
+  gpufleet.mps.mps_info:
+    name: nvidia.com/gpu
+    gather: [daemons]
+  register: device_plugin_daemon
+
+- name: Client pids of every server of every daemon
+  ansible.builtin.debug:
+    msg: "{{ mps.daemons | map(attribute='servers') | flatten | map(attribute='clients') | flatten }}"
+'''
+
+RETURN = r'''
+nvml:
+  description: Whether NVML could be used, and the driver's versions.
+  returned: always
+  type: dict
+  sample: {available: true, error: null, driver_version: 560.35.03, cuda_driver_version: '12.6'}
+  contains:
+    available:
+      description: Whether NVML was initialised and the GPUs read.
+      type: bool
+      sample: true
+    error:
+      description: Why NVML is not available (driver or nvidia-ml-py missing, driver not loaded); null when it is.
+      type: str
+      sample: 'the NVIDIA driver is not installed: libnvidia-ml.so.1 not found'
+    driver_version:
+      description: The NVIDIA driver's version; null when unknown.
+      type: str
+      sample: 560.35.03
+    cuda_driver_version:
+      description: The newest CUDA version the driver supports; null when unknown.
+      type: str
+      sample: '12.6'
+gpus:
+  description: Every GPU of the host, by index; empty when NVML is not available.
+  returned: when O(gather) contains V(gpus)
+  type: list
+  elements: dict
+  sample:
+    - index: 0
+      uuid: GPU-6a2b5c1e-0000-4000-8000-000000000000
+      name: NVIDIA H100 80GB HBM3
+      memory_total_mib: 81559
+      compute_capability: '9.0'
+      compute_mode: exclusive_process
+      mig_mode: {current: disabled, pending: disabled}
+      persistence_mode: true
+      max_mps_clients: 48
+  contains:
+    index:
+      description: The GPU's NVML index (as C(nvidia-smi) numbers it).
+      type: int
+      sample: 0
+    uuid:
+      description: The GPU's UUID.
+      type: str
+      sample: GPU-6a2b5c1e-0000-4000-8000-000000000000
+    name:
+      description: The product name.
+      type: str
+      sample: NVIDIA H100 80GB HBM3
+    memory_total_mib:
+      description: Total device memory in MiB.
+      type: int
+      sample: 81559
+    compute_capability:
+      description: CUDA compute capability, C(major.minor).
+      type: str
+      sample: '9.0'
+    compute_mode:
+      description: V(default), V(exclusive_process), V(prohibited), or V(unsupported) when NVML cannot tell.
+      type: str
+      sample: exclusive_process
+    mig_mode:
+      description: V(unsupported), or the current and pending MIG mode (V(enabled) or V(disabled)).
+      type: raw
+      sample: {current: disabled, pending: disabled}
+    persistence_mode:
+      description: Whether persistence mode is on; null when NVML cannot tell.
+      type: bool
+      sample: true
+    max_mps_clients:
+      description: Clients per GPU under MPS - 48 from Volta (compute capability 7.0) on, 16 before.
+      type: int
+      sample: 48
+control_binary:
+  description: The C(nvidia-cuda-mps-control) used to ask the daemons; null when it is not installed.
+  returned: always
+  type: str
+  sample: /usr/bin/nvidia-cuda-mps-control
+daemons:
+  description:
+    - Every resource under O(root) (only O(name) when given) whose daemon is running or left files behind, by name.
+  returned: when O(gather) contains V(daemons) or V(servers)
+  type: list
+  elements: dict
+  sample:
+    - name: nvidia.com/gpu
+      pipe_dir: /run/nvidia/mps/nvidia.com/gpu/pipe
+      log_dir: /run/nvidia/mps/nvidia.com/gpu/log
+      env: {CUDA_MPS_PIPE_DIRECTORY: /run/nvidia/mps/nvidia.com/gpu/pipe, CUDA_MPS_LOG_DIRECTORY: /run/nvidia/mps/nvidia.com/gpu/log}
+      state: running
+      running: true
+      healthy: true
+      error: null
+      pid: 4182
+      supervisor: systemd
+      multiuser: false
+      started_at: '2026-12-02T13:04:59Z'
+      devices: [{ordinal: 0, uuid: GPU-6a2b5c1e-0000-4000-8000-000000000000, index: 0}]
+      leftovers: []
+      limits:
+        reported: {active_thread_percentage: 25.0, pinned_device_mem_limit: {GPU-6a2b5c1e-0000-4000-8000-000000000000: 3G}}
+        persisted: {active_thread_percentage: 25.0, pinned_device_mem_limit_mib: {GPU-6a2b5c1e-0000-4000-8000-000000000000: 3840}, replicas: null}
+        differences: []
+      servers:
+        - pid: 4428
+          status: ACTIVE
+          uid: 1000
+          clients: [4267, 4301]
+          limits: {active_thread_percentage: 25.0, pinned_device_mem_limit: {GPU-6a2b5c1e-0000-4000-8000-000000000000: 3G}}
+  contains:
+    name:
+      description: The resource's name.
+      type: str
+      sample: nvidia.com/gpu
+    pipe_dir:
+      description: The daemon's pipe directory.
+      type: str
+      sample: /run/nvidia/mps/nvidia.com/gpu/pipe
+    log_dir:
+      description: The daemon's log directory.
+      type: str
+      sample: /run/nvidia/mps/nvidia.com/gpu/log
+    env:
+      description: The environment a CUDA client needs to use this daemon.
+      type: dict
+      sample: {CUDA_MPS_PIPE_DIRECTORY: /run/nvidia/mps/nvidia.com/gpu/pipe, CUDA_MPS_LOG_DIRECTORY: /run/nvidia/mps/nvidia.com/gpu/log}
+    state:
+      description: V(running), or V(stale) for a dead daemon's leftover files.
+      type: str
+      sample: running
+    running:
+      description: Whether the daemon process is alive (it holds the kernel lock on its C(control_lock)).
+      type: bool
+      sample: true
+    healthy:
+      description: Whether the daemon is running and answered the control UI within O(timeout).
+      type: bool
+      sample: true
+    error:
+      description: Why a running daemon is not healthy; null otherwise.
+      type: str
+      sample: 'accepted the connection but did not answer within 10s (see /run/nvidia/mps/train/log/control.log)'
+    pid:
+      description: The running daemon's pid; null when it is not running.
+      type: int
+      sample: 4182
+    supervisor:
+      description: V(systemd) or V(none) as recorded at start by gpufleet.mps.mps_daemon; null without a record.
+      type: str
+      sample: systemd
+    multiuser:
+      description: Whether the daemon was started with C(-multiuser-server); null without a record.
+      type: bool
+      sample: false
+    started_at:
+      description: When the daemon was started (UTC, ISO 8601); null without a record.
+      type: str
+      sample: '2026-12-02T13:04:59Z'
+    devices:
+      description:
+        - The daemon's GPUs from its start record, in its device ordinal order, with their host index (null when the GPU
+          is not found through NVML). Empty without a record.
+      type: list
+      elements: dict
+      sample: [{ordinal: 0, uuid: GPU-6a2b5c1e-0000-4000-8000-000000000000, index: 0}]
+    leftovers:
+      description: The files a dead daemon left behind; empty for a running one.
+      type: list
+      elements: str
+      sample: [control, log, nvidia-cuda-mps-control.pid, .started]
+    limits:
+      description: The defaults the daemon hands to new servers, as it reports them and as persisted.
+      type: dict
+      sample:
+        reported: {active_thread_percentage: 25.0, pinned_device_mem_limit: {GPU-6a2b5c1e-0000-4000-8000-000000000000: 3G}}
+        persisted: {active_thread_percentage: 25.0, pinned_device_mem_limit_mib: {GPU-6a2b5c1e-0000-4000-8000-000000000000: 3840}, replicas: null}
+        differences: []
+      contains:
+        reported:
+          description:
+            - What the daemon reports - its default active thread percentage and, per device UUID, its default pinned
+              memory limit as printed (lossy - C(3840M) reads back as C(3G); null when unset). Null when the daemon was
+              not asked or did not answer.
+          type: dict
+          sample: {active_thread_percentage: 25.0, pinned_device_mem_limit: {GPU-6a2b5c1e-0000-4000-8000-000000000000: 3G}}
+        persisted:
+          description:
+            - The limits persisted for the resource in O(config_dir) (pinned memory in MiB per GPU UUID, or C(*) for
+              every GPU); null when none are.
+          type: dict
+          sample: {active_thread_percentage: 25.0, pinned_device_mem_limit_mib: {GPU-6a2b5c1e-0000-4000-8000-000000000000: 3840}, replicas: null}
+        differences:
+          description:
+            - Where the reported limits disagree with the persisted ones, allowing for the lossy read-back. Empty when
+              they agree, when nothing is persisted, or when the daemon was not asked.
+          type: list
+          elements: str
+          sample: ['active thread percentage 25.0 persisted, 50.0 reported']
+    servers:
+      description:
+        - The daemon's MPS servers, in the order the daemon lists them. Returned when O(gather) contains V(servers).
+      type: list
+      elements: dict
+      sample:
+        - pid: 4428
+          status: ACTIVE
+          uid: 1000
+          clients: [4267, 4301]
+          limits: {active_thread_percentage: 25.0, pinned_device_mem_limit: {GPU-6a2b5c1e-0000-4000-8000-000000000000: 3G}}
+      contains:
+        pid:
+          description: The server's pid.
+          type: int
+          sample: 4428
+        status:
+          description: V(INITIALIZING), V(ACTIVE) or V(FAULT); null when unknown.
+          type: str
+          sample: ACTIVE
+        uid:
+          description: The uid the server runs as (its clients' uid, or 0 for a multi-user server); null when unknown.
+          type: int
+          sample: 1000
+        clients:
+          description: Pids of the server's clients.
+          type: list
+          elements: int
+          sample: [4267, 4301]
+        limits:
+          description:
+            - What the server hands to clients that connect from now on - active thread percentage and pinned memory
+              limit per device UUID as printed (null when unset or unknown). Running clients keep the limits they got.
+          type: dict
+          sample: {active_thread_percentage: 25.0, pinned_device_mem_limit: {GPU-6a2b5c1e-0000-4000-8000-000000000000: 3G}}
+warnings:
+  description:
+    - What usually breaks MPS - a GPU of a running daemon not in EXCLUSIVE_PROCESS, a GPU claimed by two daemons, a parent
+      of a pipe directory other users cannot traverse, a dead daemon's stale files, limits differing from the persisted
+      ones, a daemon that runs but does not answer, and C(NVML_MPS_DEVICE_ENUMERATION) set in the environment.
+  returned: when there is something to warn about
+  type: list
+  elements: str
+  sample: ['the MPS control daemon of train (pid 4182) is not running but left files behind (control, log, .started); gpufleet.mps.mps_daemon cleans them up']
+'''
+
+import shutil
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpufleet.mps.plugins.module_utils._errors import MpsError
+from ansible_collections.gpufleet.mps.plugins.module_utils._info import GATHER_CHOICES, Collector, InfoRequest
+from ansible_collections.gpufleet.mps.plugins.module_utils._resource import require_binary
+
+
+def argument_spec():
+    return dict(
+        name=dict(type='str'),
+        root=dict(type='path', default='/run/nvidia/mps'),
+        config_dir=dict(type='path', default='/etc/gpufleet-mps'),
+        control_binary=dict(type='path'),
+        gather=dict(type='list', elements='str', choices=list(GATHER_CHOICES), default=list(GATHER_CHOICES)),
+        timeout=dict(type='int', default=10),
+    )
+
+
+def run(module):
+    params = module.params
+    if params['control_binary']:
+        binary = require_binary(params['control_binary'])
+    else:
+        binary = shutil.which('nvidia-cuda-mps-control')
+    request = InfoRequest.validate(params['root'], params['config_dir'], params['name'], params['gather'], binary,
+                                   params['timeout'])
+    report = Collector(request).collect()
+    for warning in report.warnings:
+        module.warn(warning)
+    return dict(changed=False, **report.facts)
+
+
+def main():
+    module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
+    try:
+        result = run(module)
+    except MpsError as exc:
+        module.fail_json(**exc.fail_kwargs())
+    module.exit_json(**result)
+
+
+if __name__ == '__main__':
+    main()
