@@ -20,6 +20,7 @@ export PATH := $(VENV)/bin:$(PATH)
 .PHONY: help
 help:
 	@echo 'make test       everything CI runs: sanity, units, integration, lint, docs, fakes, molecule'
+	@echo 'make demo       provision a simulated 4-GPU host with the fleet role (make demo-clean to undo)'
 	@echo 'make simhost    build the simulated GPU host into .simhost/ (then: . .simhost/env)'
 	@echo 'make venv       create .venv from requirements-dev.txt (exact pins)'
 	@echo 'make sanity | units | integration | lint | changelog-lint | docs-lint | test-fakes'
@@ -97,6 +98,19 @@ molecule: collection simhost
 	if ls extensions/molecule/*/molecule.yml >/dev/null 2>&1; then \
 	  . $(SIMHOST)/env && $(VENV)/bin/molecule test $(if $(SCENARIO),-s $(SCENARIO),--all); \
 	else echo 'molecule: no scenarios yet'; fi
+
+.PHONY: demo demo-clean
+# The README's first command: the fleet role on a simulated 4-GPU host, twice (the second run changes nothing).
+demo: collection simhost
+	. $(SIMHOST)/env && ANSIBLE_STDOUT_CALLBACK=default ANSIBLE_DISPLAY_SKIPPED_HOSTS=false \
+	  ansible-playbook -i localhost, hacking/demo.yml
+	@echo '--- the same run again: nothing to change ---'
+	. $(SIMHOST)/env && ansible-playbook -i localhost, hacking/demo.yml | tail -n 3
+	@echo 'Tear it down with: make demo-clean'
+
+demo-clean: collection simhost
+	. $(SIMHOST)/env && ansible-playbook -i localhost, hacking/demo.yml -e mps_state=absent -e mps_remove_logs=true | tail -n 3
+	rm -rf /tmp/gpufleet-demo
 
 .PHONY: clean
 clean:

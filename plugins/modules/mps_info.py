@@ -355,10 +355,8 @@ warnings:
 
 import shutil
 
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.gpufleet.mps.plugins.module_utils._errors import MpsError
 from ansible_collections.gpufleet.mps.plugins.module_utils._info import GATHER_CHOICES, Collector, InfoRequest
+from ansible_collections.gpufleet.mps.plugins.module_utils._module import run_module
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource import require_binary
 
 
@@ -388,12 +386,7 @@ def run(module):
 
 
 def main():
-    module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
-    try:
-        result = run(module)
-    except MpsError as exc:
-        module.fail_json(**exc.fail_kwargs())
-    module.exit_json(**result)
+    run_module(argument_spec(), run)
 
 
 if __name__ == '__main__':

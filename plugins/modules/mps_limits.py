@@ -171,12 +171,11 @@ pending:
 
 import shutil
 
-from ansible.module_utils.basic import AnsibleModule
-
 from ansible_collections.gpufleet.mps.plugins.module_utils._daemon import Daemon, inspect
-from ansible_collections.gpufleet.mps.plugins.module_utils._errors import InvalidParameterError, MpsError
+from ansible_collections.gpufleet.mps.plugins.module_utils._errors import InvalidParameterError
 from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import Nvml
 from ansible_collections.gpufleet.mps.plugins.module_utils._limits_manager import LimitsManager
+from ansible_collections.gpufleet.mps.plugins.module_utils._module import run_module
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource import require_binary
 from ansible_collections.gpufleet.mps.plugins.module_utils._root import config_paths, resource_paths
 
@@ -230,12 +229,7 @@ def run(module):
 
 
 def main():
-    module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
-    try:
-        result = run(module)
-    except MpsError as exc:
-        module.fail_json(**exc.fail_kwargs())
-    module.exit_json(**result)
+    run_module(argument_spec(), run)
 
 
 if __name__ == '__main__':
