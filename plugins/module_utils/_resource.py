@@ -336,8 +336,14 @@ class ResourceManager:
             self._set_compute_modes(wanted.devices, wanted.compute_mode, out)
             if self.supervisor == 'systemd':
                 self._install_unit(wanted, out)
+            if record is None:
+                # systemd brought the daemon back (boot, crash) from the environment file this module
+                # wrote; /run lost the record, the daemon is what was asked for: record it, no restart.
+                self._write_record(wanted, current.pid, out)
+                out.act('write %s for the daemon systemd started' % self.paths.started_file)
+                return
             out.pid = current.pid
-            out.started_at = (record or {}).get('started_at')
+            out.started_at = record.get('started_at')
             return
         if current.running:
             out.act('restart: %s' % ('; '.join(differences) if differences else 'state=restarted'))
@@ -355,10 +361,18 @@ class ResourceManager:
             self._clean_stale(out)
         self._start(wanted, out, restart=False)
 
+    def _systemd_runs_as_wanted(self, wanted: Wanted) -> bool:
+        """The unit is active and was started from exactly the environment file wanted now."""
+        if wanted.supervisor != 'systemd' or self.systemctl is None:
+            return False
+        return not self._systemd_drift(wanted) and self.systemctl.is_active(self.unit)
+
     def _differences(self, wanted: Wanted, current: DaemonState, record: t.Optional[t.Dict[str, t.Any]]) -> t.List[str]:
         if not current.running:
             return []
         if record is None:
+            if self._systemd_runs_as_wanted(wanted):
+                return []
             return ['no %s record for the running daemon' % os.path.basename(self.paths.started_file)]
         found = []
         want = wanted.record()
