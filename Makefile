@@ -59,8 +59,8 @@ simhost-reset:
 	$(MAKE) simhost
 
 # --- tests --------------------------------------------------------------------------------------
-.PHONY: test collection sanity units integration lint changelog-lint docs-lint test-fakes molecule
-test: changelog-lint test-fakes sanity units integration lint docs-lint molecule
+.PHONY: test collection sanity units integration lint changelog-lint docs-lint test-fakes molecule packaging
+test: changelog-lint test-fakes sanity units integration lint docs-lint packaging molecule
 	@echo 'make test: all passed'
 
 collection: venv
@@ -89,6 +89,10 @@ changelog-lint: venv
 
 docs-lint: collection
 	$(VENV)/bin/antsibull-docs lint-collection-docs --plugin-docs $(COLL)
+
+# The galaxy tarball: no dev artefacts in it, and the installed copy runs by FQCN.
+packaging: simhost
+	hacking/test-packaging.sh $(SIMHOST)/lib $(VPY)
 
 test-fakes: simhost
 	. $(SIMHOST)/env && $(VPY) -m pytest -q -p no:cacheprovider tests/fakes tests/gpu

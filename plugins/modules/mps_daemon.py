@@ -101,6 +101,11 @@ EXAMPLES = r'''
   gpufleet.mps.mps_daemon:
     name: nvidia.com/gpu
 
+- name: Stop it, and give its GPUs back to non-MPS users
+  gpufleet.mps.mps_daemon:
+    name: nvidia.com/gpu
+    state: stopped
+
 - name: Two daemons on disjoint GPUs, without systemd
   gpufleet.mps.mps_daemon:
     name: "{{ item.name }}"
@@ -108,15 +113,20 @@ EXAMPLES = r'''
     supervisor: none
   loop:
     - {name: train, devices: [0, 1]}
-    - {name: infer, devices: [2, 3]}
+    - {name: infer, devices: [2]}
 
-- name: A daemon whose server is shared by every user
+- name: A daemon whose server is shared by every user, on the GPU with this UUID prefix
   gpufleet.mps.mps_daemon:
     name: shared
-    devices: [GPU-6a2b5c1e]
+    devices: [GPU-d77bfc07]
     multiuser: true
+  register: shared
 
-- name: Stop it, give its GPUs back to non-MPS users
+- name: What a client of that daemon needs in its environment
+  ansible.builtin.debug:
+    var: shared.env
+
+- name: Stop it
   gpufleet.mps.mps_daemon:
     name: shared
     state: stopped

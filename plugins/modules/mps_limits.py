@@ -89,16 +89,16 @@ author:
 EXAMPLES = r'''
 - name: Four clients per GPU, as the device plugin's replicas would
   gpufleet.mps.mps_limits:
-    name: nvidia.com/gpu
+    name: train
     replicas: 4
 
-- name: Explicit limits, different memory on one GPU
+- name: Explicit limits, more memory on the GPU with this UUID prefix
   gpufleet.mps.mps_limits:
     name: train
     active_thread_percentage: 50
     pinned_device_mem_limit:
       0: 20G
-      GPU-6a2b5c1e: 30G
+      GPU-a55c2176: 30G
 
 - name: New limits for clients of servers that already run, too
   gpufleet.mps.mps_limits:
@@ -116,6 +116,7 @@ EXAMPLES = r'''
     - name: Start its daemon, which applies them before any client connects
       gpufleet.mps.mps_daemon:
         name: batch
+        devices: [3]
 '''
 
 RETURN = r'''
