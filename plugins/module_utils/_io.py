@@ -109,3 +109,31 @@ def untraversable_parents(path: str) -> t.List[str]:
             break
         current = parent
     return list(reversed(blocked))
+
+
+def refuse_unsafe_dirs(dirs: t.Sequence[t.Tuple[str, str]]) -> None:
+    """Refuse, naming the parameter, a managed directory that another user could redirect or fill.
+
+    ``dirs`` is (path, parameter) pairs. A directory that does not exist yet is fine (it is created
+    0755 by root). An existing one must be a real directory, not a symbolic link, owned by root or by
+    the user running the module, and not writable by others unless sticky.
+    """
+    me = os.geteuid()
+    for path, param in dirs:
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise UnsafePathError('%s: cannot inspect %s: %s' % (param, path, exc.strerror or exc), path=path, param=param) from exc
+        if stat.S_ISLNK(st.st_mode):
+            raise UnsafePathError('%s: %s is a symbolic link (to %s); refusing to use it - give the real path' % (
+                param, path, os.readlink(path)), path=path, param=param)
+        if not stat.S_ISDIR(st.st_mode):
+            raise UnsafePathError('%s: %s exists and is not a directory' % (param, path), path=path, param=param)
+        if st.st_uid not in (0, me):
+            raise UnsafePathError('%s: %s is owned by uid %d, not by root; refusing to use it' % (param, path, st.st_uid),
+                                  path=path, param=param)
+        if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+            raise UnsafePathError('%s: %s is writable by every user (mode %04o); refusing to use it (chmod o-w)' % (
+                param, path, stat.S_IMODE(st.st_mode)), path=path, param=param)

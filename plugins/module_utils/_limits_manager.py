@@ -17,12 +17,12 @@ from ._control import Reply, command, expect_silent, parse_percentage, parse_pid
 from ._daemon import Daemon, child_pids, inspect
 from ._errors import ControlCommandError, DeviceSelectionError, InvalidParameterError, MpsError
 from ._gpus import Gpu, resolve_devices
-from ._io import ensure_dir, read_json
+from ._io import ensure_dir, read_json, refuse_unsafe_dirs
 from ._limits import (
     EVERY_GPU, Limits, format_percentage, parse_percentage as parse_wanted_percentage, parse_readback, parse_size,
     percentage_matches, persist, read_persisted, readback_matches, uuids_from_environ, write_replay,
 )
-from ._root import ConfigPaths, ResourcePaths
+from ._root import ConfigPaths, ResourcePaths, managed_dirs
 
 RUNNING_SERVERS_CHOICES = ('ignore', 'update')
 
@@ -170,6 +170,7 @@ class LimitsManager:
         if percentage is None and mem is None and replicas is None:
             raise InvalidParameterError('active_thread_percentage', 'give at least one of active_thread_percentage, '
                                         'pinned_device_mem_limit or replicas')
+        refuse_unsafe_dirs(managed_dirs(self.paths, self.config.config_dir))
         scope, running, pid = self.scope(create)
         wanted = self.wanted(scope, percentage, mem, replicas)
         persisted = read_persisted(self.config)

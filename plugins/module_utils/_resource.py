@@ -20,9 +20,9 @@ from ._control import SENTINEL
 from ._daemon import Daemon, DaemonState, inspect
 from ._errors import DeviceSelectionError, InvalidParameterError
 from ._gpus import Gpu, Nvml, resolve_devices
-from ._io import atomic_write, ensure_dir, read_json, read_text, remove, untraversable_parents
+from ._io import atomic_write, ensure_dir, read_json, read_text, refuse_unsafe_dirs, remove, untraversable_parents
 from ._limits import read_persisted, read_replay, write_replay
-from ._root import ConfigPaths, ResourcePaths, resource_paths, scan_resources
+from ._root import ConfigPaths, ResourcePaths, managed_dirs, resource_paths, scan_resources
 from ._systemd import Systemctl, instance_unit, render_env, render_unit, UNIT_DIR, UNIT_NAME
 
 COMPUTE_MODE_CHOICES = ('exclusive_process', 'default', 'unchanged')
@@ -282,6 +282,7 @@ class ResourceManager:
         """Bring the resource to ``state`` (started, stopped or restarted)."""
         if compute_mode not in COMPUTE_MODE_CHOICES:
             raise InvalidParameterError('compute_mode', 'must be one of %s' % ', '.join(COMPUTE_MODE_CHOICES))
+        refuse_unsafe_dirs(managed_dirs(self.paths, self.config.config_dir))
         wanted = self.wanted(selectors, multiuser, compute_mode, enabled) if state != 'stopped' else None
         self.reset_on_stop = compute_mode != 'unchanged'
         self.enabled = enabled

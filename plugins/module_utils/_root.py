@@ -181,3 +181,15 @@ def _is_valid(name: str) -> bool:
     except InvalidParameterError:
         return False
     return True
+
+
+def managed_dirs(paths: ResourcePaths, config_dir: t.Optional[str] = None) -> t.List[t.Tuple[str, str]]:
+    """The directories this collection creates or writes for a resource, with the parameter naming each."""
+    dirs = [(paths.root, 'root')]
+    parent = os.path.dirname(paths.resource_dir)
+    if parent != paths.root:
+        dirs.append((parent, 'name'))
+    dirs += [(paths.resource_dir, 'name'), (paths.pipe_dir, 'name'), (paths.log_dir, 'name')]
+    if config_dir:
+        dirs.append((config_dir, 'config_dir'))
+    return dirs
