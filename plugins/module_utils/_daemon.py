@@ -17,8 +17,8 @@ import time
 import typing as t
 from dataclasses import dataclass, field
 
-from ._control import ControlClient, Reply, SENTINEL
-from ._errors import ControlBinaryError, DaemonNotRunningError, DaemonTimeoutError, MpsError
+from ._control import ControlClient, Reply, SENTINEL, parse_percentage
+from ._errors import ControlBinaryError, ControlCommandError, DaemonNotRunningError, DaemonTimeoutError, MpsError
 from ._io import ensure_dir
 from ._root import ResourcePaths
 
@@ -199,6 +199,19 @@ class Daemon:
                 'it was left running - see %s' % (self.paths.name, pid if pid else 'unknown', self.start_timeout, self.control_log),
                 pid=pid, log_file=self.control_log) from exc
 
+    def check_answer(self, reply: Reply) -> float:
+        """The health check's answer must be the ``%.1f`` thread percentage, or the binary is not what it claims."""
+        try:
+            return parse_percentage(reply)
+        except ControlCommandError:
+            raise ControlBinaryError(
+                '%s answered %r to %s, not a thread percentage: is it really nvidia-cuda-mps-control? (see %s)' % (
+                    self.binary, reply.text[:200], reply.command, self.control_log), control_binary=self.binary) from None
+
+    def ping(self) -> float:
+        """One UI process: the daemon answers, sanely, or this raises."""
+        return self.check_answer(self.query([SENTINEL])[0])
+
     def lock(self) -> 'ResourceLock':
         return ResourceLock(os.path.join(self.paths.resource_dir, '.lock'))
 
@@ -235,7 +248,9 @@ class Daemon:
         delay = 0.01
         while True:
             try:
-                return self.query(list(replay) + [SENTINEL])
+                replies = self.query(list(replay) + [SENTINEL])
+                self.check_answer(replies[-1])
+                return replies
             except DaemonNotRunningError:
                 if time.monotonic() + delay > deadline:
                     raise DaemonTimeoutError('the MPS control daemon for %s did not start answering within %ss (see %s)' % (

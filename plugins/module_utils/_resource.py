@@ -16,7 +16,6 @@ import stat
 import typing as t
 from dataclasses import dataclass, field
 
-from ._control import SENTINEL
 from ._daemon import Daemon, DaemonState, inspect
 from ._errors import DeviceSelectionError, InvalidParameterError
 from ._gpus import Gpu, Nvml, resolve_devices
@@ -298,7 +297,7 @@ class ResourceManager:
         out.before = self.describe(current, record)
         if current.running:
             # One UI process: does it answer at all? A hung daemon fails here, naming pid and log.
-            self.daemon.query([SENTINEL])
+            self.daemon.ping()
         if wanted is None:
             self._ensure_stopped(current, record, out)
         else:
