@@ -23,7 +23,8 @@ help:
 	@echo 'make demo       provision a simulated 4-GPU host with the fleet role (make demo-clean to undo)'
 	@echo 'make simhost    build the simulated GPU host into .simhost/ (then: . .simhost/env)'
 	@echo 'make venv       create .venv from requirements-dev.txt (exact pins)'
-	@echo 'make sanity | units | integration | lint | changelog-lint | docs-lint | test-fakes'
+	@echo 'make docs       build the HTML docsite offline (into $$TEST_ROOT/docsite)'
+	@echo 'make sanity | units | integration | lint | changelog-lint | docs-lint | test-fakes | packaging | molecule'
 	@echo 'make clean      remove .simhost and the copied collection tree'
 
 # --- environment ------------------------------------------------------------------------------
@@ -59,8 +60,8 @@ simhost-reset:
 	$(MAKE) simhost
 
 # --- tests --------------------------------------------------------------------------------------
-.PHONY: test collection sanity units integration lint changelog-lint docs-lint test-fakes molecule packaging
-test: changelog-lint test-fakes sanity units integration lint docs-lint packaging molecule
+.PHONY: test collection sanity units integration lint changelog-lint docs-lint docs test-fakes molecule packaging
+test: changelog-lint test-fakes sanity units integration lint docs-lint docs packaging molecule
 	@echo 'make test: all passed'
 
 collection: venv
@@ -88,7 +89,12 @@ changelog-lint: venv
 	$(VENV)/bin/antsibull-changelog lint
 
 docs-lint: collection
-	$(VENV)/bin/antsibull-docs lint-collection-docs --plugin-docs $(COLL)
+	$(VENV)/bin/antsibull-docs lint-collection-docs --plugin-docs --check-extra-docs-refs $(COLL)
+
+# The HTML docsite (modules, role, filter, docs/docsite/rst), offline; any Sphinx warning fails it.
+DOCS_DEST ?= $(TEST_ROOT)/docsite
+docs: collection
+	hacking/build-docs.sh $(DOCS_DEST)
 
 # The galaxy tarball: no dev artefacts in it, and the installed copy runs by FQCN.
 packaging: simhost

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import stat
@@ -79,13 +78,23 @@ def ensure_dir(path: str, mode: int = 0o755) -> bool:
         raise UnsafePathError('%s is a symbolic link; refusing to use it' % path, path=path)
     if os.path.isdir(path):
         return False
-    try:
-        os.makedirs(path, mode)
-        os.chmod(path, mode)
-    except OSError as exc:
-        if exc.errno == errno.EEXIST and os.path.isdir(path):
-            return False
-        raise MpsError('cannot create directory %s: %s' % (path, exc.strerror or exc), path=path) from exc
+    missing = []
+    current = os.path.abspath(path)
+    while not os.path.isdir(current):
+        missing.append(current)
+        current = os.path.dirname(current)
+    # Every directory created gets ``mode`` whatever the umask: os.makedirs() would give the
+    # parents umask-limited modes (0700 under umask 077, untraversable for MPS clients).
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, mode)
+        except FileExistsError:
+            if not os.path.isdir(directory):
+                raise MpsError('cannot create directory %s: a file is in the way' % directory, path=directory) from None
+            continue
+        except OSError as exc:
+            raise MpsError('cannot create directory %s: %s' % (directory, exc.strerror or exc), path=directory) from exc
+        os.chmod(directory, mode)
     return True
 
 

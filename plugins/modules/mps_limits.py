@@ -211,6 +211,9 @@ def run(module):
         manager = LimitsManager(paths, config, daemon, nvml.gpus(), module.check_mode)
         outcome = manager.ensure(params['active_thread_percentage'], params['pinned_device_mem_limit'], params['replicas'],
                                  params['running_servers'], params['persist'], params['create'])
+        if nvml.enumeration_var_was_set:
+            outcome.warnings.append('NVML_MPS_DEVICE_ENUMERATION was set in the module environment; it was ignored '
+                                    '(it makes NVML compute-mode calls fail)')
     for warning in outcome.warnings:
         module.warn(warning)
     result = dict(

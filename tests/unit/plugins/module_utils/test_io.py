@@ -109,3 +109,14 @@ def test_a_file_where_a_directory_belongs_is_refused(paths):
         handle.write('')
     with pytest.raises(UnsafePathError, match='not a directory'):
         _io.refuse_unsafe_dirs(managed_dirs(paths))
+
+
+def test_created_parents_get_the_mode_whatever_the_umask(tmp_path):
+    old = os.umask(0o077)
+    try:
+        assert _io.ensure_dir(str(tmp_path / 'a' / 'b' / 'pipe'), 0o755)
+    finally:
+        os.umask(old)
+    for path in (tmp_path / 'a', tmp_path / 'a' / 'b', tmp_path / 'a' / 'b' / 'pipe'):
+        assert oct(path.stat().st_mode & 0o777) == oct(0o755)
+    assert not _io.ensure_dir(str(tmp_path / 'a' / 'b' / 'pipe'), 0o755)
