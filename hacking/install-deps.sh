@@ -2,12 +2,18 @@
 # Install the Debian packages the test suite needs, only those missing. Safe to run repeatedly.
 #   the shellcheck package - so ansible-test's shellcheck sanity test really runs instead of skipping
 #   gcc, make   - to build the fake libnvidia-ml.so.1
+#   systemd-container, debootstrap, zstd, procps - the molecule systemd scenario boots a Debian guest
+#               with systemd-nspawn (tests/nspawn/)
 set -euo pipefail
 
 declare -A need=(
   [shellcheck]=shellcheck
   [gcc]=gcc
   [make]=make
+  [systemd-nspawn]=systemd-container
+  [debootstrap]=debootstrap
+  [zstd]=zstd
+  [pgrep]=procps
 )
 
 missing=()

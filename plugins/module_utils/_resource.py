@@ -336,9 +336,10 @@ class ResourceManager:
             self._set_compute_modes(wanted.devices, wanted.compute_mode, out)
             if self.supervisor == 'systemd':
                 self._install_unit(wanted, out)
-            if record is None:
-                # systemd brought the daemon back (boot, crash) from the environment file this module
-                # wrote; /run lost the record, the daemon is what was asked for: record it, no restart.
+            if record is None or (self.supervisor == 'systemd' and record.get('pid') != current.pid):
+                # systemd brought the daemon back from the environment file this module wrote, as asked
+                # for: at boot /run lost the record, after a crash the record names the dead process.
+                # Record the running daemon; no restart.
                 self._write_record(wanted, current.pid, out)
                 out.act('write %s for the daemon systemd started' % self.paths.started_file)
                 return
