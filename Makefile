@@ -103,10 +103,15 @@ packaging: simhost
 test-fakes: simhost
 	. $(SIMHOST)/env && $(VPY) -m pytest -q -p no:cacheprovider tests/fakes tests/gpu
 
-# Scenarios find the role and modules through ANSIBLE_COLLECTIONS_PATH (the copied tree).
+# Scenarios find the role and modules through ANSIBLE_COLLECTIONS_PATH (the copied tree). Molecule keeps
+# per-scenario state ("already prepared") across runs; each run starts from a reset.
 molecule: collection simhost
 	if ls extensions/molecule/*/molecule.yml >/dev/null 2>&1; then \
-	  . $(SIMHOST)/env && $(VENV)/bin/molecule test $(if $(SCENARIO),-s $(SCENARIO),--all); \
+	  . $(SIMHOST)/env && \
+	  for scenario in $(if $(SCENARIO),$(SCENARIO),$$(ls extensions/molecule/*/molecule.yml | xargs -n1 dirname | xargs -n1 basename)); do \
+	    $(VENV)/bin/molecule reset -s $$scenario >/dev/null; \
+	  done && \
+	  $(VENV)/bin/molecule test $(if $(SCENARIO),-s $(SCENARIO),--all); \
 	else echo 'molecule: no scenarios yet'; fi
 
 .PHONY: demo demo-clean
