@@ -77,7 +77,7 @@ units: collection ansible-test-bootstrap
 # Targets lay out their own simulated hosts from these (tests/integration/targets/setup_simhost).
 integration: collection ansible-test-bootstrap simhost
 	if ls tests/integration/targets/*/ >/dev/null 2>&1; then \
-	  printf 'fakes_dir: %s\nsimhost_lib: %s\nsimhost_python: %s\n' $(CURDIR)/tests/fakes $(SIMHOST)/lib $(VPY) \
+	  printf 'fakes_dir: %s\nsimhost_lib: %s\nsimhost_python: %s\ncollections_path: %s\n' $(CURDIR)/tests/fakes $(SIMHOST)/lib $(VPY) $(TEST_ROOT) \
 	    > $(COLL)/tests/integration/integration_config.yml; \
 	  cd $(COLL) && $(ANSIBLE_TEST) integration --python 3.11 --color no --local $(TARGETS); \
 	else echo 'integration: no targets yet'; fi
