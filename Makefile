@@ -60,8 +60,8 @@ simhost-reset:
 	$(MAKE) simhost
 
 # --- tests --------------------------------------------------------------------------------------
-.PHONY: test collection sanity units integration lint changelog-lint docs-lint docs test-fakes molecule packaging
-test: changelog-lint test-fakes sanity units integration lint docs-lint docs packaging molecule
+.PHONY: test collection sanity units integration lint changelog-lint docs-lint docs test-fakes molecule packaging bench-quick
+test: changelog-lint test-fakes sanity units integration lint docs-lint docs packaging bench-quick molecule
 	@echo 'make test: all passed'
 
 collection: venv
@@ -95,6 +95,10 @@ docs-lint: collection
 DOCS_DEST ?= $(TEST_ROOT)/docsite
 docs: collection
 	hacking/build-docs.sh $(DOCS_DEST)
+
+# The benchmark in its smallest form, so it keeps working (bench/README.md; never judges wall-clock times).
+bench-quick: collection simhost
+	$(VPY) bench/fleetbench.py --hosts 2 --reps 1 --out $(TEST_ROOT)/bench-quick
 
 # The galaxy tarball: no dev artefacts in it, and the installed copy runs by FQCN.
 packaging: simhost
