@@ -33,6 +33,8 @@ _MODE_NAMES[1] = 'exclusive_thread'
 # Set by tools that run inside MPS clients; makes NVML's compute-mode and MIG calls answer
 # NotSupported, so it must never be set for this process.
 MPS_ENUMERATION_VAR = 'NVML_MPS_DEVICE_ENUMERATION'
+ENUMERATION_WARNING = ('%s was set in the module environment; it was ignored (it makes NVML compute-mode calls fail)'
+                       % MPS_ENUMERATION_VAR)
 VOLTA_CC = (7, 0)
 _UUID_PREFIX = re.compile(r'GPU-[0-9a-fA-F-]*')
 

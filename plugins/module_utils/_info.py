@@ -26,7 +26,7 @@ from ._control import (
 )
 from ._daemon import DaemonState, child_pids, inspect, read_pid_file
 from ._errors import DaemonTimeoutError, InvalidParameterError, MpsError, NvmlError
-from ._gpus import MPS_ENUMERATION_VAR, Gpu, Nvml
+from ._gpus import ENUMERATION_WARNING, MPS_ENUMERATION_VAR, Gpu, Nvml
 from ._io import read_json, untraversable_parents
 from ._limits import Limits, parse_readback, percentage_matches, read_persisted, readback_matches
 from ._root import ResourcePaths, config_paths, resource_paths, scan_resources, validate_root
@@ -234,8 +234,7 @@ class Collector:
         nvml, gpus, enumeration_set = nvml_facts(self.nvml_factory)
         facts: t.Dict[str, t.Any] = {'nvml': nvml, 'control_binary': self.request.control_binary}
         if enumeration_set:
-            self.warnings.append('%s was set in the module environment; it was ignored (it makes NVML compute-mode '
-                                 'calls fail)' % MPS_ENUMERATION_VAR)
+            self.warnings.append(ENUMERATION_WARNING)
         if 'gpus' in self.request.gather:
             facts['gpus'] = [gpu.facts() for gpu in gpus]
         if 'daemons' in self.request.gather:

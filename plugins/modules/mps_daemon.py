@@ -186,7 +186,7 @@ import shutil
 
 from ansible_collections.gpufleet.mps.plugins.module_utils._daemon import Daemon
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import InvalidParameterError
-from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import Nvml
+from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import ENUMERATION_WARNING, Nvml
 from ansible_collections.gpufleet.mps.plugins.module_utils._module import run_module
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource import ResourceManager, require_binary
 from ansible_collections.gpufleet.mps.plugins.module_utils._root import config_paths, resource_paths
@@ -239,8 +239,7 @@ def run(module):
                                   systemctl=systemctl, nvidia_smi=nvidia_smi)
         outcome = manager.ensure(params['state'], devices, params['multiuser'], params['compute_mode'], params['enabled'])
         if nvml.enumeration_var_was_set:
-            outcome.warnings.append('NVML_MPS_DEVICE_ENUMERATION was set in the module environment; it was ignored '
-                                    '(it makes NVML compute-mode calls fail)')
+            outcome.warnings.append(ENUMERATION_WARNING)
 
     for warning in outcome.warnings:
         module.warn(warning)

@@ -174,7 +174,7 @@ import shutil
 
 from ansible_collections.gpufleet.mps.plugins.module_utils._daemon import Daemon, inspect
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import InvalidParameterError
-from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import Nvml
+from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import ENUMERATION_WARNING, Nvml
 from ansible_collections.gpufleet.mps.plugins.module_utils._limits_manager import LimitsManager
 from ansible_collections.gpufleet.mps.plugins.module_utils._module import run_module
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource import require_binary
@@ -212,8 +212,7 @@ def run(module):
         outcome = manager.ensure(params['active_thread_percentage'], params['pinned_device_mem_limit'], params['replicas'],
                                  params['running_servers'], params['persist'], params['create'])
         if nvml.enumeration_var_was_set:
-            outcome.warnings.append('NVML_MPS_DEVICE_ENUMERATION was set in the module environment; it was ignored '
-                                    '(it makes NVML compute-mode calls fail)')
+            outcome.warnings.append(ENUMERATION_WARNING)
     for warning in outcome.warnings:
         module.warn(warning)
     result = dict(
