@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from ._control import ControlClient, Reply, SENTINEL, parse_percentage
 from ._errors import ControlBinaryError, ControlCommandError, DaemonNotRunningError, DaemonTimeoutError, MpsError
 from ._io import ensure_dir
-from ._root import ResourcePaths
+from ._root import DEFAULT_LOG_MODE, ResourcePaths
 
 PID_FILE = 'nvidia-cuda-mps-control.pid'
 LOCK_FILE = 'control_lock'
@@ -174,8 +174,10 @@ class Daemon:
     """Start, stop and query the control daemon of one resource (supervised by this module)."""
 
     def __init__(self, paths: ResourcePaths, binary: str, start_timeout: float, stop_timeout: int,
-                 environ: t.Optional[t.Mapping[str, str]] = None, sleep: t.Callable[[float], None] = time.sleep) -> None:
+                 environ: t.Optional[t.Mapping[str, str]] = None, sleep: t.Callable[[float], None] = time.sleep,
+                 log_mode: int = DEFAULT_LOG_MODE) -> None:
         self.paths = paths
+        self.log_mode = log_mode
         self.binary = binary
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
@@ -221,7 +223,7 @@ class Daemon:
         if multiuser:
             argv.append('-multiuser-server')
         ensure_dir(self.paths.pipe_dir, 0o755)
-        ensure_dir(self.paths.log_dir, 0o755)
+        ensure_dir(self.paths.log_dir, self.log_mode)
         try:
             proc = subprocess.run(argv, env=daemon_env(self.paths, uuids, self.environ), capture_output=True, text=True,
                                   timeout=self.start_timeout, stdin=subprocess.DEVNULL, check=False)

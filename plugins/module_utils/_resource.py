@@ -22,7 +22,7 @@ from ._gpus import Gpu, Nvml, resolve_devices
 from ._io import atomic_write, ensure_dir, read_json, read_text, refuse_unsafe_dirs, remove, untraversable_parents
 from ._limits import read_persisted, read_replay, write_replay
 from ._root import ConfigPaths, ResourcePaths, managed_dirs, resource_paths, scan_resources
-from ._systemd import Systemctl, instance_unit, render_env, render_unit, UNIT_DIR, UNIT_NAME
+from ._systemd import RESTART_ENV, Systemctl, instance_unit, parse_env, render_env, render_unit, UNIT_DIR, UNIT_NAME
 
 COMPUTE_MODE_CHOICES = ('exclusive_process', 'default', 'unchanged')
 SMI_MODE = {'exclusive_process': 'EXCLUSIVE_PROCESS', 'default': 'DEFAULT'}
@@ -139,6 +139,7 @@ class ResourceManager:
             'MPS_NVIDIA_SMI': self.nvidia_smi or 'nvidia-smi',
             'MPS_STOP_TIMEOUT': str(self.daemon.stop_timeout),
             'MPS_LIMITS_FILE': self.config.limits_file,
+            'MPS_LOG_MODE': format(self.daemon.log_mode, '04o'),
         })
         return values
 
@@ -164,11 +165,23 @@ class ResourceManager:
     def _prepare_dirs(self, out: Outcome) -> None:
         if not self.check_mode:
             ensure_dir(self.paths.pipe_dir, 0o755)
-            ensure_dir(self.paths.log_dir, 0o755)
+            ensure_dir(self.paths.log_dir, self.daemon.log_mode)
         blocked = untraversable_parents(self.paths.pipe_dir)
         if blocked:
             out.warnings.append('%s cannot be traversed by other users: MPS clients that do not run as root will fail to '
                                 'connect (chmod o+x, or run clients as root)' % ', '.join(blocked))
+
+    def _repair_log_mode(self, out: Outcome) -> None:
+        """Give an existing log directory the wanted mode (no restart: the daemon keeps its open files)."""
+        try:
+            current = stat.S_IMODE(os.lstat(self.paths.log_dir).st_mode)
+        except OSError:
+            return
+        wanted = self.daemon.log_mode
+        if current != wanted:
+            out.act('chmod %s %s (was %s)' % (format(wanted, '04o'), self.paths.log_dir, format(current, '04o')))
+            if not self.check_mode:
+                os.chmod(self.paths.log_dir, wanted)
 
     def _write_record(self, wanted: Wanted, pid: t.Optional[int], out: Outcome) -> None:
         record = wanted.record()
@@ -330,6 +343,7 @@ class ResourceManager:
     def _ensure_running(self, state: str, wanted: Wanted, current: DaemonState, record: t.Optional[t.Dict[str, t.Any]],
                         out: Outcome) -> None:
         out.devices = [gpu.summary() for gpu in wanted.devices]
+        self._repair_log_mode(out)
         differences = self._differences(wanted, current, record)
         if current.running and state == 'started' and not differences:
             # Healthy and as wanted: only the compute mode may have drifted (it resets at reboot).
@@ -383,9 +397,13 @@ class ResourceManager:
         if wanted.supervisor == 'none' and record.get('pid') not in (None, current.pid):
             found.append('pid: the record names pid %s but pid %s runs' % (record.get('pid'), current.pid))
         if wanted.supervisor == 'systemd':
-            drift = [path for path in self._systemd_drift(wanted) if path == self.config.env_file]
-            if drift:
-                found.append('environment file %s differs' % self.config.env_file)
+            # Only what the running daemon was started with forces a restart; the other values (compute
+            # mode, timeouts, log mode, paths of helpers) are rewritten in place and used from the next start.
+            current_env = parse_env(read_text(self.config.env_file) or '')
+            wanted_env = self._env_values(wanted)
+            changed = [key for key in RESTART_ENV if current_env.get(key) != wanted_env.get(key)]
+            if changed:
+                found.append('environment file %s differs in %s' % (self.config.env_file, ', '.join(changed)))
         return found
 
 

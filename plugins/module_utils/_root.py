@@ -27,6 +27,11 @@ DEFAULT_CONFIG_DIR = '/etc/gpufleet-mps'
 # sizeof(sockaddr_un.sun_path) is 108 on Linux, including the terminating NUL.
 MAX_SOCKET_PATH_BYTES = 107
 CONTROL_SOCKET = 'control'
+# The daemon's log directory: control.log names every client's pid and uid and every command; root
+# only unless asked. Servers never write there themselves (they log through the <pipe>/log FIFO).
+DEFAULT_LOG_MODE = 0o700
+LOG_MODE_FORM = ('an octal mode string such as "0700" (root only, the default), "0750" (and the directory\'s group) '
+                 'or "0755" (everyone): all owner bits, no write or special bits for group and others')
 NAME_FORM = ('one or two segments separated by "/", each of letters, digits, ".", "_" and "-" '
              'and neither "." nor "..", e.g. "nvidia.com/gpu" or "train"')
 
@@ -65,6 +70,21 @@ def validate_name(name: object, param: str = 'name') -> str:
         if segment in ('', '.', '..') or not _SEGMENT.fullmatch(segment):
             raise InvalidParameterError(param, '%r is not a valid resource name: %s' % (name, NAME_FORM))
     return name
+
+
+def validate_log_mode(value: object, param: str = 'log_mode') -> int:
+    """The log directory's mode from an octal string (or the int YAML makes of an unquoted 0750)."""
+    if isinstance(value, bool):
+        raise InvalidParameterError(param, 'must be %s, got %r' % (LOG_MODE_FORM, value))
+    if isinstance(value, int):
+        mode = value
+    elif isinstance(value, str) and re.fullmatch(r'0?o?[0-7]{3,4}', value):
+        mode = int(value.replace('o', ''), 8)
+    else:
+        raise InvalidParameterError(param, 'must be %s, got %r' % (LOG_MODE_FORM, value))
+    if mode & ~0o755 or mode & 0o700 != 0o700:
+        raise InvalidParameterError(param, 'must be %s, got %r (%s)' % (LOG_MODE_FORM, value, format(mode, '04o') if mode >= 0 else mode))
+    return mode
 
 
 def validate_root(root: object, param: str = 'root') -> str:

@@ -33,7 +33,8 @@ ConditionPathExists={config_dir}/%i.env
 [Service]
 Type=forking
 EnvironmentFile={config_dir}/%i.env
-ExecStartPre=/bin/mkdir -p -m 0755 ${{CUDA_MPS_PIPE_DIRECTORY}} ${{CUDA_MPS_LOG_DIRECTORY}}
+ExecStartPre=/bin/mkdir -p -m 0755 ${{CUDA_MPS_PIPE_DIRECTORY}}
+ExecStartPre=/bin/sh -c 'mkdir -p -m "$${{MPS_LOG_MODE:-0700}}" "$$CUDA_MPS_LOG_DIRECTORY" && chmod "$${{MPS_LOG_MODE:-0700}}" "$$CUDA_MPS_LOG_DIRECTORY"'
 ExecStartPre=/bin/sh -c 'if [ -n "$$MPS_COMPUTE_MODE" ]; then exec "$$MPS_NVIDIA_SMI" -i "$$CUDA_VISIBLE_DEVICES" -c "$$MPS_COMPUTE_MODE"; fi'
 ExecStart=/bin/sh -c 'exec "$$MPS_CONTROL" -d $$MPS_DAEMON_ARGS'
 ExecStartPost=/bin/sh -c 'if [ -s "$$MPS_LIMITS_FILE" ]; then "$$MPS_CONTROL" < "$$MPS_LIMITS_FILE" > /dev/null; fi'
@@ -65,6 +66,21 @@ def render_env(resource: str, values: t.Mapping[str, str]) -> str:
             raise MpsError('refusing to write %s=%r to a systemd environment file' % (name, value))
         lines.append('%s=%s' % (name, value))
     return '\n'.join(lines) + '\n'
+
+
+# The environment values the running daemon was started with: a change means a restart.
+RESTART_ENV = ('CUDA_MPS_PIPE_DIRECTORY', 'CUDA_MPS_LOG_DIRECTORY', 'CUDA_VISIBLE_DEVICES', 'MPS_CONTROL', 'MPS_DAEMON_ARGS')
+
+
+def parse_env(text: str) -> t.Dict[str, str]:
+    """The ``NAME=value`` lines of an environment file written by :func:`render_env`."""
+    values = {}
+    for line in text.splitlines():
+        if line.startswith('#') or '=' not in line:
+            continue
+        name, value = line.split('=', 1)
+        values[name.strip()] = value
+    return values
 
 
 def systemd_is_pid1() -> bool:

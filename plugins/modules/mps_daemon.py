@@ -76,6 +76,16 @@ options:
         and V(true) leaves its boot setting alone.
     type: bool
     default: true
+  log_mode:
+    description:
+      - Mode of the log directory C(<root>/<name>/log). C(control.log) records every client's pid and user and every
+        control command, so by default only root can read it.
+      - An octal string with all owner bits and no write bit for group and others - V(0700), V(0750) (root and the
+        directory's group) or V(0755) (every user, as NVIDIA's device plugin has it). An existing directory is
+        changed in place, without a restart.
+    type: raw
+    default: '0700'
+    version_added: 0.2.0
   start_timeout:
     description:
       - Seconds to wait for the daemon to start answering, and for any control UI answer.
@@ -189,7 +199,7 @@ from ansible_collections.gpufleet.mps.plugins.module_utils._errors import Invali
 from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import ENUMERATION_WARNING, Nvml
 from ansible_collections.gpufleet.mps.plugins.module_utils._module import run_module
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource import ResourceManager, require_binary
-from ansible_collections.gpufleet.mps.plugins.module_utils._root import config_paths, resource_paths
+from ansible_collections.gpufleet.mps.plugins.module_utils._root import config_paths, resource_paths, validate_log_mode
 from ansible_collections.gpufleet.mps.plugins.module_utils._systemd import Systemctl, systemd_is_pid1
 
 
@@ -207,6 +217,7 @@ def argument_spec():
         enabled=dict(type='bool', default=True),
         start_timeout=dict(type='int', default=30),
         stop_timeout=dict(type='int', default=30),
+        log_mode=dict(type='raw', default='0700'),
     )
 
 
@@ -218,6 +229,7 @@ def run(module):
     devices = params['devices']
     if not (devices == 'all' or isinstance(devices, list)):
         raise InvalidParameterError('devices', 'must be "all" or a list of GPU indices, UUIDs or unique UUID prefixes')
+    log_mode = validate_log_mode(params['log_mode'])
     paths = resource_paths(params['root'], params['name'])
     config = config_paths(params['config_dir'], params['name'])
     binary = require_binary(params['control_binary'] or shutil.which('nvidia-cuda-mps-control'))
@@ -232,7 +244,8 @@ def run(module):
             raise InvalidParameterError('supervisor', 'systemd was asked for but systemctl is not installed')
         systemctl = Systemctl(systemctl_path)
         nvidia_smi = shutil.which('nvidia-smi') or '/usr/bin/nvidia-smi'
-    daemon = Daemon(paths, binary, start_timeout=params['start_timeout'], stop_timeout=params['stop_timeout'])
+    daemon = Daemon(paths, binary, start_timeout=params['start_timeout'], stop_timeout=params['stop_timeout'],
+                    log_mode=log_mode)
 
     with Nvml() as nvml:
         manager = ResourceManager(paths, config, daemon, nvml, supervisor, module.check_mode,

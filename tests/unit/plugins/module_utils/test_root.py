@@ -12,6 +12,7 @@ from ansible_collections.gpufleet.mps.plugins.module_utils._root import (
     MAX_SOCKET_PATH_BYTES,
     resource_paths,
     systemd_instance,
+    validate_log_mode,
     validate_name,
     validate_root,
 )
@@ -84,3 +85,18 @@ def test_systemd_instance_names_escape_like_systemd_escape(name, escaped):
 def test_systemd_instance_matches_the_real_systemd_escape(name):
     real = subprocess.run(['systemd-escape', name], check=True, capture_output=True, text=True).stdout.strip()
     assert systemd_instance(name) == real
+
+
+@pytest.mark.parametrize('value, mode', [
+    ('0700', 0o700), ('700', 0o700), ('0o750', 0o750), ('0755', 0o755), ('0711', 0o711), (0o750, 0o750),
+])
+def test_log_modes_with_all_owner_bits_and_no_write_for_others_are_accepted(value, mode):
+    assert validate_log_mode(value) == mode
+
+
+@pytest.mark.parametrize('value', [
+    '0777', '0775', '0757', '0600', '0500', '4755', '1755', '0700\n', 'u=rwx', '', '07000', 750, -1, True, None, 0o7777,
+])
+def test_bad_log_modes_fail_naming_the_parameter_and_the_valid_form(value):
+    with pytest.raises(InvalidParameterError, match=r'^log_mode: must be an octal mode string such as "0700"'):
+        validate_log_mode(value)

@@ -38,7 +38,8 @@ def test_rendered_unit_passes_systemd_analyze_verify_without_any_message(tmp_pat
     (config_dir / 'train.env').write_text(_systemd.render_env('train', {
         'CUDA_MPS_PIPE_DIRECTORY': str(tmp_path / 'pipe'), 'CUDA_MPS_LOG_DIRECTORY': str(tmp_path / 'log'),
         'CUDA_VISIBLE_DEVICES': 'GPU-a', 'MPS_CONTROL': '/bin/true', 'MPS_DAEMON_ARGS': '', 'MPS_COMPUTE_MODE': '',
-        'MPS_NVIDIA_SMI': '/bin/true', 'MPS_STOP_TIMEOUT': '5', 'MPS_LIMITS_FILE': str(tmp_path / 'limits')}))
+        'MPS_NVIDIA_SMI': '/bin/true', 'MPS_STOP_TIMEOUT': '5', 'MPS_LIMITS_FILE': str(tmp_path / 'limits'),
+        'MPS_LOG_MODE': '0700'}))
     unit_dir = tmp_path / 'units'
     unit_dir.mkdir()
     (unit_dir / _systemd.UNIT_NAME).write_text(_systemd.render_unit(str(config_dir), 30, 30))
@@ -52,3 +53,28 @@ def test_rendered_unit_passes_systemd_analyze_verify_without_any_message(tmp_pat
 
 def test_instance_unit_name():
     assert _systemd.instance_unit('nvidia.com-gpu') == 'gpufleet-mps@nvidia.com-gpu.service'
+
+
+def _exec_start_pre_shell(unit: str, needle: str) -> str:
+    """The ``sh -c`` script of the ExecStartPre line containing ``needle``, as systemd hands it to sh."""
+    line = next(line for line in unit.splitlines() if line.startswith('ExecStartPre=/bin/sh -c') and needle in line)
+    return line.split("-c '", 1)[1].rsplit("'", 1)[0].replace('$$', '$')
+
+
+@pytest.mark.parametrize('mode, existing', [('0700', None), ('0750', None), ('0755', 0o700), ('0700', 0o755), (None, 0o755)])
+def test_unit_gives_the_log_directory_the_wanted_mode_new_or_existing(tmp_path, mode, existing):
+    log_dir = tmp_path / 'res' / 'log'
+    if existing is not None:
+        log_dir.mkdir(parents=True)
+        os.chmod(log_dir, existing)
+    env = {'PATH': os.environ['PATH'], 'CUDA_MPS_LOG_DIRECTORY': str(log_dir)}
+    if mode is not None:
+        env['MPS_LOG_MODE'] = mode
+    script = _exec_start_pre_shell(_systemd.render_unit('/etc/gpufleet-mps', 30, 30), 'MPS_LOG_MODE')
+    subprocess.run(['/bin/sh', '-c', script], env=env, check=True)
+    assert oct(os.stat(log_dir).st_mode & 0o7777) == oct(int(mode or '0700', 8))
+
+
+def test_parse_env_reads_back_what_render_env_wrote():
+    values = {'CUDA_VISIBLE_DEVICES': 'GPU-a,GPU-b', 'MPS_DAEMON_ARGS': '', 'MPS_LOG_MODE': '0700'}
+    assert _systemd.parse_env(_systemd.render_env('nvidia.com/gpu', values)) == values
