@@ -5,12 +5,14 @@
 Each test gets short pipe/log directories under /tmp (AF_UNIX paths are limited
 to 107 bytes), its own copy of a 4-GPU INI file, and a finalizer that kills every
 process (daemon, servers, clients) whose command line or environment names the
-test's directory.
+test's directory, then removes the /dev/shm rendezvous files its dead servers left
+(a SIGKILLed server cannot remove its own).
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import shutil
 import signal
@@ -26,6 +28,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, '..', '..', '..'))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(REPO, 'tests', 'gpu'))
+
+import mps_common  # noqa: E402  pylint: disable=wrong-import-position
 
 SIM = os.path.join(HERE, 'mps_sim.py')
 CLIENT = os.path.join(HERE, 'mps_client.py')
@@ -284,6 +288,26 @@ class SimHost:
                 proc.communicate(timeout=5)
             except (subprocess.TimeoutExpired, ValueError, OSError):
                 pass
+        self.remove_shm_files()
+
+    def server_pids_ever(self) -> list[int]:
+        """Every server this host's daemons started (from control.log)."""
+        found = (re.search(r'Starting new server (\d+) for user', m) for m in self.log_messages())
+        return sorted({int(m.group(1)) for m in found if m})
+
+    def remove_shm_files(self) -> None:
+        """Remove the /dev/shm rendezvous files of this host's servers that are gone."""
+        for pid in self.server_pids_ever():
+            if not pid_alive(pid):
+                try:
+                    os.unlink(shm_path(pid))
+                except OSError:
+                    pass
+
+
+def shm_path(server_pid: int) -> str:
+    """The rendezvous file of a server (FAKE_MPS_SHM=check)."""
+    return os.path.join(mps_common.SHM_DIR, f'{mps_common.SHM_PREFIX}{server_pid}')
 
 
 def _read_lines(path: str) -> list[str]:

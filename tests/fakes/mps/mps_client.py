@@ -20,7 +20,11 @@ Options:
 
 Environment read like a CUDA client: CUDA_MPS_PIPE_DIRECTORY,
 CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (both may only
-lower what the server hands out).
+lower what the server hands out).  And the simulator's FAKE_MPS_SHM: ``check`` (the
+default) makes the client, once the daemon named its server, look for the server's
+``/dev/shm/mps-sim-server.<server pid>`` in its OWN mount namespace, as a real client
+must map the server's shared memory; missing: CUDA_ERROR_MPS_CONNECTION_FAILED.
+``off`` skips that.  Any other value: a message on stderr, exit 2.
 """
 from __future__ import annotations
 
@@ -38,6 +42,9 @@ from typing import Optional
 MSG_MAX = 1 << 18
 DEFAULT_PIPE_DIR = '/tmp/nvidia-mps'
 SUN_PATH_MAX = 107
+SHM_DIR = '/dev/shm'  # the same names as mps_common.SHM_DIR / SHM_PREFIX (this script stands alone)
+SHM_PREFIX = 'mps-sim-server.'
+SHM_MODES = ('check', 'off')
 
 CUDA_ERRORS = {
     'CUDA_ERROR_NO_DEVICE': (100, 'no CUDA-capable device is detected'),
@@ -92,6 +99,15 @@ def recv(sock: socket.socket) -> Optional[dict]:
     return obj if isinstance(obj, dict) else None
 
 
+def shm_missing(server_pid: object) -> Optional[str]:
+    """Why this client cannot reach its server's shared memory (None: it can)."""
+    path = os.path.join(SHM_DIR, f'{SHM_PREFIX}{server_pid}')
+    if isinstance(server_pid, int) and os.path.exists(path):
+        return None
+    return (f'{path} not found: this client\'s /dev/shm is not the MPS server\'s '
+            '(mount the daemon\'s /dev/shm into the container, or use --ipc=host)')
+
+
 def main(argv: list[str]) -> int:
     """Connect, report, hold, disconnect."""
     parser = argparse.ArgumentParser(prog='mps-sim-client')
@@ -101,6 +117,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument('--timeout', type=float)
     parser.add_argument('--once', action='store_true')
     args = parser.parse_args(argv)
+    shm_mode = os.environ.get('FAKE_MPS_SHM', '').strip() or 'check'
+    if shm_mode not in SHM_MODES:
+        print(f'mps-sim-client: FAKE_MPS_SHM={shm_mode!r}: expected one of {", ".join(SHM_MODES)}', file=sys.stderr, flush=True)
+        return 2
     try:
         devices = parse_devices(args.device)
     except ValueError:
@@ -151,6 +171,11 @@ def main(argv: list[str]) -> int:
         return fail('CUDA_ERROR_MPS_CONNECTION_FAILED', 'the control daemon closed the connection')
     if not reply.get('ok'):
         return fail(str(reply.get('error')), str(reply.get('message', '')))
+    if shm_mode == 'check':
+        missing = shm_missing(reply.get('server_pid'))
+        if missing:
+            sock.close()  # the daemon sees the client go, as when it disconnects
+            return fail('CUDA_ERROR_MPS_CONNECTION_FAILED', missing)
     print(json.dumps(reply, sort_keys=True), flush=True)
     if args.once:
         sock.close()

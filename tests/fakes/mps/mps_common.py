@@ -26,6 +26,11 @@ ALREADY_RUNNING = 'An instance of this daemon is already running'
 NO_DAEMON = 'Cannot find MPS control daemon process'
 MAX_SERVER_START_ATTEMPTS = 6
 
+# The client/server rendezvous in /dev/shm (FAKE_MPS_SHM): mps_server.py and mps_client.py
+# keep their own copy of these two names (both stand alone, standard library only).
+SHM_DIR = '/dev/shm'
+SHM_PREFIX = 'mps-sim-server.'
+
 
 # --------------------------------------------------------------------------
 # Switches (FAKE_MPS_*): every [U] item of the reference.  Documented in README.md.
@@ -49,6 +54,8 @@ SWITCHES: dict[str, tuple[str, tuple[str, ...]]] = {
     'FAKE_MPS_FAULT_HANG': ('0', ('0', '1')),
     'FAKE_MPS_FAULT_QUIT_HANG': ('0', ('0', '1')),
     'FAKE_MPS_FAULT_UI': ('none', ('none', 'garbage', 'crash')),
+    'FAKE_MPS_FAULT_KILL_ON': ('', ()),  # a UI command name (mps_daemon.UI_COMMANDS); empty = off
+    'FAKE_MPS_SHM': ('check', ('check', 'off')),
 }
 
 

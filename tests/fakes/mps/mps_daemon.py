@@ -208,6 +208,34 @@ ERROR_TEXTS: dict[str, tuple[str, str]] = {
 }
 
 
+# name -> Daemon method; the one list of the UI's commands (FAKE_MPS_FAULT_KILL_ON is checked against it)
+UI_COMMANDS: dict[str, str] = {
+    'get_server_list': 'cmd_get_server_list',
+    'get_server_status': 'cmd_get_server_status',
+    'start_server': 'cmd_start_server',
+    'shutdown_server': 'cmd_shutdown_server',
+    'get_client_list': 'cmd_get_client_list',
+    'quit': 'cmd_quit',
+    'set_default_active_thread_percentage': 'cmd_set_default_pct',
+    'get_default_active_thread_percentage': 'cmd_get_default_pct',
+    'set_active_thread_percentage': 'cmd_set_pct',
+    'get_active_thread_percentage': 'cmd_get_pct',
+    'set_default_device_pinned_mem_limit': 'cmd_set_default_mem',
+    'get_default_device_pinned_mem_limit': 'cmd_get_default_mem',
+    'set_device_pinned_mem_limit': 'cmd_set_mem',
+    'get_device_pinned_mem_limit': 'cmd_get_mem',
+    'set_default_client_priority': 'cmd_set_default_priority',
+    'get_default_client_priority': 'cmd_get_default_priority',
+    'terminate_client': 'cmd_terminate_client',
+    'ps': 'cmd_ps',
+    'get_device_client_list': 'cmd_get_device_client_list',
+    # simulator-only commands (never sent by the collection; see README.md)
+    'sim_devices': 'cmd_sim_devices',
+    'sim_state': 'cmd_sim_state',
+    'sim_fault_server': 'cmd_sim_fault_server',
+}
+
+
 class CmdError(Exception):
     """A rejected UI command."""
 
@@ -256,6 +284,8 @@ class DaemonConfig:  # pylint: disable=too-many-instance-attributes
     server_init_delay: float
     fault_hang: bool
     fault_quit_hang: bool
+    fault_kill_on: str
+    shm: str
 
     def __init__(self, **values: object) -> None:
         self.__dict__.update(values)
@@ -271,6 +301,10 @@ class DaemonConfig:  # pylint: disable=too-many-instance-attributes
             delay = float(switch('FAKE_MPS_SERVER_INIT_DELAY', env))
         except ValueError as exc:
             raise SwitchError(f'FAKE_MPS_SERVER_INIT_DELAY={env.get("FAKE_MPS_SERVER_INIT_DELAY")!r}: expected seconds') from exc
+        kill_on = switch('FAKE_MPS_FAULT_KILL_ON', env)
+        if kill_on and kill_on not in UI_COMMANDS:
+            raise SwitchError(f'FAKE_MPS_FAULT_KILL_ON={kill_on!r}: expected the name of a control command '
+                              '(e.g. set_default_active_thread_percentage) or nothing')
         env_pct = parse_percentage(env.get('CUDA_MPS_ACTIVE_THREAD_PERCENTAGE', '').strip())
         prio = env.get('CUDA_MPS_CLIENT_PRIORITY', '').strip()
         return cls(
@@ -294,6 +328,8 @@ class DaemonConfig:  # pylint: disable=too-many-instance-attributes
             server_init_delay=max(0.0, delay),
             fault_hang=switch('FAKE_MPS_FAULT_HANG', env) == '1',
             fault_quit_hang=switch('FAKE_MPS_FAULT_QUIT_HANG', env) == '1',
+            fault_kill_on=kill_on,
+            shm=switch('FAKE_MPS_SHM', env),
         )
 
 
@@ -385,30 +421,7 @@ class Daemon:
         self.finished = threading.Event()
         self.replied = threading.Event()
         self.commands: dict[str, Callable[[list[str], bool], Optional[str]]] = {
-            'get_server_list': self.cmd_get_server_list,
-            'get_server_status': self.cmd_get_server_status,
-            'start_server': self.cmd_start_server,
-            'shutdown_server': self.cmd_shutdown_server,
-            'get_client_list': self.cmd_get_client_list,
-            'quit': self.cmd_quit,
-            'set_default_active_thread_percentage': self.cmd_set_default_pct,
-            'get_default_active_thread_percentage': self.cmd_get_default_pct,
-            'set_active_thread_percentage': self.cmd_set_pct,
-            'get_active_thread_percentage': self.cmd_get_pct,
-            'set_default_device_pinned_mem_limit': self.cmd_set_default_mem,
-            'get_default_device_pinned_mem_limit': self.cmd_get_default_mem,
-            'set_device_pinned_mem_limit': self.cmd_set_mem,
-            'get_device_pinned_mem_limit': self.cmd_get_mem,
-            'set_default_client_priority': self.cmd_set_default_priority,
-            'get_default_client_priority': self.cmd_get_default_priority,
-            'terminate_client': self.cmd_terminate_client,
-            'ps': self.cmd_ps,
-            'get_device_client_list': self.cmd_get_device_client_list,
-            # simulator-only commands (never sent by the collection; see README.md)
-            'sim_devices': self.cmd_sim_devices,
-            'sim_state': self.cmd_sim_state,
-            'sim_fault_server': self.cmd_sim_fault_server,
-        }
+            name: getattr(self, method) for name, method in UI_COMMANDS.items()}
         self.privileged_commands = {
             'start_server', 'shutdown_server', 'quit', 'terminate_client', 'sim_fault_server',
             'set_default_active_thread_percentage', 'set_active_thread_percentage',
@@ -635,6 +648,8 @@ class Daemon:
                 continue
             line = msg['cmd']
             self.log(f'Cmd:{line}')
+            if self.cfg.fault_kill_on and line.split()[:1] == [self.cfg.fault_kill_on]:
+                self.fault_kill()
             out = self.execute(line, privileged=uid == 0)
             if out:
                 for text in out.split('\n'):
@@ -653,6 +668,11 @@ class Daemon:
                 self.replied.set()
                 return
             send_msg(conn, {'out': out or ''})
+
+    @staticmethod
+    def fault_kill() -> None:
+        """FAKE_MPS_FAULT_KILL_ON: die by SIGKILL, as after an external ``kill -9`` (every pipe-dir file stays)."""
+        os.kill(os.getpid(), signal.SIGKILL)
 
     def execute(self, line: str, privileged: bool) -> Optional[str]:
         """Run one command line; its stdout (None = prints nothing)."""
@@ -967,8 +987,9 @@ class Daemon:
             gid = uid
         argv = ['nvidia-cuda-mps-server', SERVER_SCRIPT, '--pipe', self.cfg.pipe_dir, '--uid', str(uid), '--gid', str(gid),
                 '--delay', str(self.cfg.server_init_delay)]
-        # argv[0] is the real server's name, so Python cannot find its prefix from it: say where it is
-        env = dict(os.environ, PYTHONHOME=f'{sys.base_prefix}:{sys.base_exec_prefix}')
+        # argv[0] is the real server's name, so Python cannot find its prefix from it: say where it is;
+        # FAKE_MPS_SHM as validated at start (the server reads it from its environment)
+        env = dict(os.environ, PYTHONHOME=f'{sys.base_prefix}:{sys.base_exec_prefix}', FAKE_MPS_SHM=self.cfg.shm)
         proc = subprocess.Popen(argv, executable=sys.executable or '/usr/bin/python3',  # pylint: disable=consider-using-with
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
                                 close_fds=True, cwd='/')

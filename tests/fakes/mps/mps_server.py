@@ -8,6 +8,10 @@ the client's uid, opens ``<pipe>/log`` and connects back to ``<pipe>/control`` a
 that uid (so an untraversable pipe-dir parent makes it fail as a real server
 does), logs its start in server.log through the FIFO, then follows the daemon's
 orders until told to shut down or the daemon goes away.
+
+With ``FAKE_MPS_SHM=check`` (the default; the daemon passes the value it validated) the
+server, running as its final uid, creates ``/dev/shm/mps-sim-server.<pid>`` (0644) and
+removes it when it exits: the rendezvous a client looks for in its own /dev/shm.
 """
 from __future__ import annotations
 
@@ -24,16 +28,20 @@ from typing import Optional
 
 MSG_MAX = 1 << 18
 PR_SET_NAME = 15
+SHM_DIR = '/dev/shm'  # the same names as mps_common.SHM_DIR / SHM_PREFIX (this script stands alone)
+SHM_PREFIX = 'mps-sim-server.'
 
 
 class Server:
     """The server side of the simulator's protocol."""
 
-    def __init__(self, pipe: str) -> None:
+    def __init__(self, pipe: str, shm: bool = True) -> None:
         self.pipe = pipe
         self.pid = os.getpid()
         self.log_fd = -1
         self.sock: Optional[socket.socket] = None
+        self.shm = shm
+        self.shm_path: Optional[str] = None
 
     def log(self, kind: str, message: str) -> None:
         """One line into <pipe>/log (the daemon copies it to server.log)."""
@@ -70,6 +78,35 @@ class Server:
             return None
         return obj if isinstance(obj, dict) else None
 
+    def create_shm(self) -> None:
+        """Create the /dev/shm rendezvous file; when that fails, say so in server.log and carry on."""
+        path = os.path.join(SHM_DIR, f'{SHM_PREFIX}{self.pid}')
+        try:
+            os.unlink(path)  # a left-over of a SIGKILLed server that had this pid
+        except OSError:
+            pass
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            self.log('Server', f'Failed to create {path}: {exc.strerror or exc}')
+            return
+        self.shm_path = path
+        try:
+            os.fchmod(fd, 0o644)  # whatever the umask
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+    def remove_shm(self) -> None:
+        """Remove the rendezvous file (every exit but SIGKILL)."""
+        path, self.shm_path = self.shm_path, None
+        if path is not None:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
     def run(self) -> int:
         """Start, serve, exit (0 when told to shut down)."""
         try:
@@ -97,6 +134,8 @@ class Server:
             return 1
         for dev in config.get('devices', []):
             self.log('Server', f'Creating server context on device {dev["ordinal"]} ({dev["name"]})')
+        if self.shm:
+            self.create_shm()
         self.log('Server', f'Created anonymous shared memory region mps.shm.{os.getuid()}.{self.pid}')
         self.log('Server', f'CUDA MPS Server for Linux/Unix. Binary version: {config.get("version", "0")}')
         self.log('Server', f'Active Threads Percentage set to {float(config.get("pct", 100.0)):.1f}')
@@ -157,7 +196,11 @@ def main(argv: list[str]) -> int:
         return 1
     if args.delay > 0:
         time.sleep(args.delay)
-    return Server(args.pipe).run()
+    server = Server(args.pipe, shm=os.environ.get('FAKE_MPS_SHM', '').strip() != 'off')
+    try:
+        return server.run()
+    finally:
+        server.remove_shm()  # also on SIGTERM / SIGINT (SystemExit, KeyboardInterrupt)
 
 
 if __name__ == '__main__':

@@ -11,6 +11,7 @@ import pytest
 
 from conftest import PYTHON, SIM, SimHost, pid_alive, wait_until
 import mps_common
+import mps_daemon
 
 ALL = sorted(mps_common.PIPE_FILES)
 
@@ -18,9 +19,12 @@ ALL = sorted(mps_common.PIPE_FILES)
 def test_every_switch_is_documented_in_the_readme() -> None:
     with open(os.path.join(os.path.dirname(__file__), 'README.md'), encoding='utf-8') as handle:
         readme = handle.read()
+    rows = [line for line in readme.splitlines() if line.startswith('|')]
     for name, (default, _allowed) in mps_common.SWITCHES.items():
-        assert f'`{name}`' in readme, name
-        assert f'`{default}`' in readme, (name, default)
+        row = [r for r in rows if f'| `{name}` |' in r]
+        assert len(row) == 1, name
+        # the default column (second to last): `value`, or "empty" for an empty default
+        assert row[0].split(' | ')[-2] == (f'`{default}`' if default else 'empty'), (name, default)
 
 
 @pytest.mark.parametrize('value,left', [
@@ -202,3 +206,62 @@ def test_fault_ui_prints_garbage(running: SimHost, fault: str, rc: int) -> None:
 def test_fault_ui_rejects_unknown_values(running: SimHost) -> None:
     proc = running.ui(['get_server_list'], env={'FAKE_MPS_FAULT_UI': 'maybe'})
     assert proc.returncode == 2 and 'FAKE_MPS_FAULT_UI' in proc.stderr
+
+
+def test_fault_kill_on_kills_the_daemon_mid_batch(host: SimHost) -> None:
+    host.start(env={'FAKE_MPS_FAULT_KILL_ON': 'set_default_active_thread_percentage'})
+    pid = host.daemon_pid()
+    files = sorted(os.listdir(host.pipe))
+    assert files == ALL
+    proc = host.ui(['get_default_active_thread_percentage', 'set_default_active_thread_percentage 25',
+                    'get_default_active_thread_percentage'])
+    # the UI got the first reply, then lost the connection: it sends nothing more and exits 0, as on any daemon death
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, '100.0\n', '')
+    wait_until(lambda: not pid_alive(pid), what='daemon death')
+    assert host.log_messages()[-3:] == ['Cmd:get_default_active_thread_percentage', '100.0',
+                                        'Cmd:set_default_active_thread_percentage 25']
+    assert sorted(os.listdir(host.pipe)) == files  # a stale daemon: every file stays
+    dead = host.ui(['get_server_list'])
+    assert (dead.returncode, dead.stdout) == (1, 'Cannot find MPS control daemon process\n')
+    host.start()
+    assert host.daemon_pid() != pid and pid_alive(host.daemon_pid())
+    assert host.out(['get_default_active_thread_percentage', 'set_default_active_thread_percentage 25']) == '100.0\n25.0\n'
+
+
+def test_fault_kill_on_a_silent_command_looks_like_success_to_the_ui(host: SimHost) -> None:
+    host.start(env={'FAKE_MPS_FAULT_KILL_ON': 'set_default_device_pinned_mem_limit'})
+    pid = host.daemon_pid()
+    proc = host.ui(['set_default_device_pinned_mem_limit 0 2G'])
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, '', '')  # what a success prints too
+    wait_until(lambda: not pid_alive(pid), what='daemon death')
+    assert host.log_messages()[-1] == 'Cmd:set_default_device_pinned_mem_limit 0 2G'
+    assert host.ui(['get_default_device_pinned_mem_limit 0']).returncode == 1
+
+
+def test_fault_kill_on_ends_the_servers_and_their_clients(host: SimHost) -> None:
+    host.start(env={'FAKE_MPS_FAULT_KILL_ON': 'quit'})
+    client = host.client()
+    spid = client.info()['server_pid']
+    pid = host.daemon_pid()
+    assert host.ui(['quit']).returncode == 0
+    wait_until(lambda: not pid_alive(pid), what='daemon death')
+    wait_until(lambda: not pid_alive(spid), what='server exit')
+    rc, out, _err = client.rest()
+    assert rc == 1 and '"CUDA_ERROR_MPS_RPC_FAILURE"' in out
+    assert 'nvidia-cuda-mps-control.pid' in os.listdir(host.pipe)  # not a clean quit
+
+
+@pytest.mark.parametrize('value', ['bogus', 'set_default_active_thread_percentage_x', 'Quit'])
+def test_fault_kill_on_rejects_unknown_command_names(host: SimHost, value: str) -> None:
+    proc = host.start(env={'FAKE_MPS_FAULT_KILL_ON': value}, check=False)
+    assert proc.returncode == 2 and 'FAKE_MPS_FAULT_KILL_ON' in proc.stderr and repr(value) in proc.stderr
+    assert host.ui(['get_server_list']).returncode == 1
+
+
+def test_fault_kill_on_accepts_every_ui_command_and_only_those() -> None:
+    for name in mps_daemon.UI_COMMANDS:
+        assert mps_daemon.DaemonConfig.from_env({'FAKE_MPS_FAULT_KILL_ON': name}).fault_kill_on == name
+    assert mps_daemon.DaemonConfig.from_env({}).fault_kill_on == ''
+    assert mps_daemon.DaemonConfig.from_env({'FAKE_MPS_FAULT_KILL_ON': '  '}).fault_kill_on == ''
+    with pytest.raises(mps_common.SwitchError):
+        mps_daemon.DaemonConfig.from_env({'FAKE_MPS_FAULT_KILL_ON': 'get_server_list 1'})
