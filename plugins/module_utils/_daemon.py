@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import subprocess
 import time
 import typing as t
 from dataclasses import dataclass, field
 
 from ._control import ControlClient, Reply, SENTINEL, parse_percentage
-from ._errors import ControlBinaryError, ControlCommandError, DaemonNotRunningError, DaemonTimeoutError, MpsError
+from ._errors import ControlBinaryError, ControlCommandError, DaemonNotRunningError, DaemonTimeoutError, InvalidParameterError, MpsError
 from ._io import ensure_dir
 from ._root import DEFAULT_LOG_MODE, ResourcePaths
 
@@ -170,14 +171,35 @@ def daemon_env(paths: ResourcePaths, uuids: t.Sequence[str], environ: t.Optional
     return env
 
 
+def same_directory(first: str, second: str) -> t.Optional[bool]:
+    """Whether two paths are the same directory (device and inode), None when either cannot be read."""
+    try:
+        a, b = os.stat(first), os.stat(second)
+    except OSError:
+        return None
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def daemon_dev_shm(pid: int, shm_dir: str) -> t.Optional[str]:
+    """Which ``/dev/shm`` the process sees through its own mount namespace: ``shm_dir``, the host's, or None."""
+    theirs = '/proc/%d/root/dev/shm' % pid
+    if same_directory(theirs, shm_dir):
+        return shm_dir
+    if same_directory(theirs, '/dev/shm'):
+        return '/dev/shm'
+    return None
+
+
 class Daemon:
     """Start, stop and query the control daemon of one resource (supervised by this module)."""
 
     def __init__(self, paths: ResourcePaths, binary: str, start_timeout: float, stop_timeout: int,
                  environ: t.Optional[t.Mapping[str, str]] = None, sleep: t.Callable[[float], None] = time.sleep,
-                 log_mode: int = DEFAULT_LOG_MODE) -> None:
+                 log_mode: int = DEFAULT_LOG_MODE, shm_dir: t.Optional[str] = None) -> None:
         self.paths = paths
         self.log_mode = log_mode
+        # With a shm directory the daemon, and every server it starts, sees it as /dev/shm.
+        self.shm_dir = shm_dir
         self.binary = binary
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
@@ -222,6 +244,10 @@ class Daemon:
         argv = [self.binary, '-d']
         if multiuser:
             argv.append('-multiuser-server')
+        if self.shm_dir:
+            # A private mount namespace in which the shared tmpfs is /dev/shm; -d's daemon lives on in it.
+            argv = [self.unshare_binary(), '--mount', '--propagation', 'private', '--', '/bin/sh', '-c',
+                    'mount --bind "$0" /dev/shm && exec "$@"', self.shm_dir] + argv
         ensure_dir(self.paths.pipe_dir, 0o755)
         ensure_dir(self.paths.log_dir, self.log_mode)
         try:
@@ -242,7 +268,17 @@ class Daemon:
         state = inspect(self.paths)
         if not state.running or state.pid is None:
             raise MpsError('the MPS control daemon for %s exited right after starting (see %s)' % (self.paths.name, self.control_log))
+        if self.shm_dir and daemon_dev_shm(state.pid, self.shm_dir) != self.shm_dir:
+            raise MpsError('the MPS control daemon for %s (pid %d) does not see %s as its /dev/shm; it was left running - '
+                           'see %s' % (self.paths.name, state.pid, self.shm_dir, self.control_log), pid=state.pid)
         return state.pid
+
+    def unshare_binary(self) -> str:
+        found = shutil.which('unshare', path=self.environ.get('PATH') or DEFAULT_PATH) or shutil.which('unshare', path=DEFAULT_PATH)
+        if not found:
+            raise InvalidParameterError('shm', 'running the daemon with its own /dev/shm needs unshare (util-linux), '
+                                        'which is not installed')
+        return found
 
     def wait_ready(self, replay: t.Sequence[str] = ()) -> t.List[Reply]:
         """Poll with backoff until the daemon answers; the answering session also carries ``replay``."""

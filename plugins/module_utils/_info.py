@@ -24,12 +24,13 @@ from ._control import (
     parse_percentage,
     parse_pids,
 )
-from ._daemon import DaemonState, child_pids, inspect, read_pid_file
+from ._daemon import DaemonState, child_pids, daemon_dev_shm, inspect, read_pid_file
 from ._errors import DaemonTimeoutError, InvalidParameterError, MpsError, NvmlError
 from ._gpus import ENUMERATION_WARNING, MPS_ENUMERATION_VAR, Gpu, Nvml
 from ._io import read_json, untraversable_parents
 from ._limits import Limits, parse_readback, percentage_matches, read_persisted, readback_matches
-from ._root import ResourcePaths, config_paths, resource_paths, scan_resources, validate_root
+from ._root import DEFAULT_CONTAINER_ROOT, ResourcePaths, config_paths, container_view, resource_paths, scan_resources, validate_root
+from ._shm import SHM_DIR, current_state
 
 GATHER_CHOICES = ('gpus', 'daemons', 'servers')
 SERVER_STATES = ('INITIALIZING', 'ACTIVE', 'FAULT')
@@ -189,10 +190,12 @@ class InfoRequest:
     gather: t.FrozenSet[str]
     control_binary: t.Optional[str]
     timeout: float
+    container_root: str = DEFAULT_CONTAINER_ROOT
 
     @classmethod
     def validate(cls, root: str, config_dir: str, name: t.Optional[str], gather: t.Sequence[str],
-                 control_binary: t.Optional[str], timeout: float) -> 'InfoRequest':
+                 control_binary: t.Optional[str], timeout: float,
+                 container_root: str = DEFAULT_CONTAINER_ROOT) -> 'InfoRequest':
         if not gather:
             raise InvalidParameterError('gather', 'must name at least one of %s' % ', '.join(GATHER_CHOICES))
         unknown = sorted(set(gather) - set(GATHER_CHOICES))
@@ -204,10 +207,13 @@ class InfoRequest:
         if name is not None:
             resource_paths(root, name)
         config_dir = validate_root(config_dir, 'config_dir')
+        container_root = validate_root(container_root, 'container_root')
+        if name is not None:
+            container_view(resource_paths(root, name), container_root)
         wanted = frozenset(gather)
         if 'servers' in wanted:
             wanted = wanted | {'daemons'}
-        return cls(root, config_dir, name, wanted, control_binary, timeout)
+        return cls(root, config_dir, name, wanted, control_binary, timeout, container_root)
 
 
 @dataclass
@@ -239,7 +245,21 @@ class Collector:
             facts['gpus'] = [gpu.facts() for gpu in gpus]
         if 'daemons' in self.request.gather:
             facts['daemons'] = self.daemons(gpus, nvml['available'])
+        facts['shm'] = self.shm()
         return Report(facts, self.warnings, self.ui_processes)
+
+    def shm(self) -> t.Dict[str, t.Any]:
+        """The shared tmpfs at <root>/shm, as the kernel reports it."""
+        path = os.path.join(self.request.root, SHM_DIR)
+        facts: t.Dict[str, t.Any] = {'path': path, 'mounted': False, 'size_kib': None, 'options': [], 'error': None}
+        try:
+            state = current_state(path)
+        except MpsError as exc:
+            facts.update(mounted=True, error=exc.msg)
+            self.warnings.append(exc.msg)
+            return facts
+        facts.update(mounted=state.mounted, size_kib=state.size_kib, options=state.flags)
+        return facts
 
     # --- daemons ---------------------------------------------------------------------------------
     def _all_paths(self) -> t.List[ResourcePaths]:
@@ -295,7 +315,13 @@ class Collector:
             'devices': devices,
             'leftovers': [] if state.running else list(state.leftovers),
             'limits': {'reported': None, 'persisted': persisted_facts(persisted), 'differences': []},
+            'shm': bool(record.get('shm', False)),
+            'container': None,
         }
+        try:
+            facts['container'] = container_view(paths, self.request.container_root, facts['shm'])
+        except InvalidParameterError as exc:
+            self.warnings.append('no container view for %s: %s' % (paths.name, exc.msg))
         if 'servers' in self.request.gather:
             facts['servers'] = []
         if not state.running:
@@ -304,6 +330,11 @@ class Collector:
                                      paths.name, _last_pid(paths), ', '.join(state.leftovers)))
             return facts
         self._warn_compute_modes(paths, devices, by_uuid, nvml_available)
+        shm_dir = os.path.join(paths.root, SHM_DIR)
+        if facts['shm'] and state.pid and daemon_dev_shm(state.pid, shm_dir) != shm_dir:
+            self.warnings.append('the MPS control daemon of %s (pid %d) was started with shm=true but does not see %s as its '
+                                 '/dev/shm (remounted since it started?): container clients cannot reach its servers; '
+                                 'gpufleet.mps.mps_daemon restarts it' % (paths.name, state.pid, shm_dir))
         blocked = untraversable_parents(paths.pipe_dir)
         if blocked:
             self.warnings.append('%s cannot be traversed by other users: MPS clients of %s that do not run as root '

@@ -16,13 +16,14 @@ import stat
 import typing as t
 from dataclasses import dataclass, field
 
-from ._daemon import Daemon, DaemonState, inspect
+from ._daemon import Daemon, DaemonState, daemon_dev_shm, inspect
 from ._errors import DeviceSelectionError, InvalidParameterError
 from ._gpus import Gpu, Nvml, resolve_devices
 from ._io import atomic_write, ensure_dir, read_json, read_text, refuse_unsafe_dirs, remove, untraversable_parents
 from ._limits import read_persisted, read_replay, write_replay
 from ._root import ConfigPaths, ResourcePaths, managed_dirs, resource_paths, scan_resources
-from ._systemd import RESTART_ENV, Systemctl, instance_unit, parse_env, render_env, render_unit, UNIT_DIR, UNIT_NAME
+from ._shm import SHM_DIR, mounted_at
+from ._systemd import RESTART_ENV, SHM_DROPIN, Systemctl, instance_unit, parse_env, render_env, render_shm_dropin, render_unit, UNIT_DIR, UNIT_NAME
 
 COMPUTE_MODE_CHOICES = ('exclusive_process', 'default', 'unchanged')
 SMI_MODE = {'exclusive_process': 'EXCLUSIVE_PROCESS', 'default': 'DEFAULT'}
@@ -37,12 +38,14 @@ class Wanted:
     supervisor: str
     compute_mode: str
     enabled: bool
+    shm: bool = False
 
     def record(self) -> t.Dict[str, t.Any]:
         return {
             'devices': [gpu.uuid for gpu in self.devices],
             'multiuser': self.multiuser,
             'supervisor': self.supervisor,
+            'shm': self.shm,
         }
 
 
@@ -87,6 +90,7 @@ class ResourceManager:
         self.unit = instance_unit(config.instance)
         self.reset_on_stop = True
         self.enabled = True
+        self.pending_warnings: t.List[str] = []
 
     # --- reading -------------------------------------------------------------------------------
     def record(self) -> t.Optional[t.Dict[str, t.Any]]:
@@ -107,7 +111,15 @@ class ResourceManager:
                 owners[str(uuid)] = name
         return owners
 
-    def wanted(self, selectors: t.Any, multiuser: bool, compute_mode: str, enabled: bool) -> Wanted:
+    @property
+    def shm_dir(self) -> str:
+        return os.path.join(self.paths.root, SHM_DIR)
+
+    @property
+    def dropin_path(self) -> str:
+        return os.path.join(self.unit_dir, '%s.d' % self.unit, SHM_DROPIN)
+
+    def wanted(self, selectors: t.Any, multiuser: bool, compute_mode: str, enabled: bool, shm: bool = False) -> Wanted:
         """Resolve and check the requested devices; raises before any side effect."""
         devices = resolve_devices(selectors, self.nvml.gpus())
         mig = [gpu for gpu in devices if gpu.mig_enabled]
@@ -119,13 +131,20 @@ class ResourceManager:
         if taken:
             raise DeviceSelectionError('devices: %s already used by another MPS daemon under %s' % (
                 '; '.join('GPU %d (%s) by resource %r' % (gpu.index, gpu.uuid, owner) for gpu, owner in taken), self.paths.root))
-        return Wanted(devices, multiuser, self.supervisor, compute_mode, enabled)
+        if shm and mounted_at(self.shm_dir) is None:
+            message = ('%s does not exist or is not mounted: mount the shared tmpfs with gpufleet.mps.mps_shm before '
+                       'starting daemons with shm=true' % self.shm_dir)
+            if not self.check_mode:
+                raise InvalidParameterError('shm', message)
+            self.pending_warnings.append(message + ' (check mode carries on)')
+        return Wanted(devices, multiuser, self.supervisor, compute_mode, enabled, shm)
 
     def describe(self, state: DaemonState, record: t.Optional[t.Dict[str, t.Any]]) -> t.Dict[str, t.Any]:
         """The before/after view used for diff."""
         view: t.Dict[str, t.Any] = {'state': 'running' if state.running else ('stale' if state.stale else 'stopped')}
         if record:
             view.update({key: record.get(key) for key in ('devices', 'multiuser', 'supervisor')})
+            view['shm'] = bool(record.get('shm', False))
         return view
 
     # --- systemd files ---------------------------------------------------------------------------
@@ -143,10 +162,12 @@ class ResourceManager:
         })
         return values
 
-    def _systemd_files(self, wanted: Wanted) -> t.Dict[str, str]:
+    def _systemd_files(self, wanted: Wanted) -> t.Dict[str, t.Optional[str]]:
+        """Path -> wanted content; None for a file that must not exist."""
         return {
             os.path.join(self.unit_dir, UNIT_NAME): render_unit(self.config.config_dir, int(self.daemon.start_timeout), self.daemon.stop_timeout),
             self.config.env_file: render_env(self.paths.name, self._env_values(wanted)),
+            self.dropin_path: render_shm_dropin(self.shm_dir) if wanted.shm else None,
         }
 
     def _systemd_drift(self, wanted: Wanted) -> t.List[str]:
@@ -232,11 +253,16 @@ class ResourceManager:
         for path, content in self._systemd_files(wanted).items():
             if read_text(path) == content:
                 continue
-            out.act('write %s' % path)
-            if not self.check_mode:
-                ensure_dir(os.path.dirname(path), 0o755)
-                atomic_write(path, content, 0o644)
-            reload_needed = reload_needed or path == unit_path
+            if content is None:
+                out.act('remove %s' % path)
+                if not self.check_mode:
+                    remove(path)
+            else:
+                out.act('write %s' % path)
+                if not self.check_mode:
+                    ensure_dir(os.path.dirname(path), 0o755)
+                    atomic_write(path, content, 0o644)
+            reload_needed = reload_needed or path in (unit_path, self.dropin_path)
         if reload_needed:
             out.act('systemctl daemon-reload')
             if not self.check_mode and self.systemctl:
@@ -290,12 +316,12 @@ class ResourceManager:
                 remove(self.paths.started_file)
 
     # --- entry points ----------------------------------------------------------------------------
-    def ensure(self, state: str, selectors: t.Any, multiuser: bool, compute_mode: str, enabled: bool) -> Outcome:
+    def ensure(self, state: str, selectors: t.Any, multiuser: bool, compute_mode: str, enabled: bool, shm: bool = False) -> Outcome:
         """Bring the resource to ``state`` (started, stopped or restarted)."""
         if compute_mode not in COMPUTE_MODE_CHOICES:
             raise InvalidParameterError('compute_mode', 'must be one of %s' % ', '.join(COMPUTE_MODE_CHOICES))
         refuse_unsafe_dirs(managed_dirs(self.paths, self.config.config_dir))
-        wanted = self.wanted(selectors, multiuser, compute_mode, enabled) if state != 'stopped' else None
+        wanted = self.wanted(selectors, multiuser, compute_mode, enabled, shm) if state != 'stopped' else None
         self.reset_on_stop = compute_mode != 'unchanged'
         self.enabled = enabled
         if self.check_mode:
@@ -305,6 +331,7 @@ class ResourceManager:
 
     def _ensure(self, state: str, wanted: t.Optional[Wanted]) -> Outcome:
         out = Outcome()
+        out.warnings.extend(self.pending_warnings)
         current = inspect(self.paths)
         record = self.record()
         out.before = self.describe(current, record)
@@ -394,6 +421,10 @@ class ResourceManager:
         for key in ('devices', 'multiuser', 'supervisor'):
             if record.get(key) != want[key]:
                 found.append('%s: %s -> %s' % (key, record.get(key), want[key]))
+        if bool(record.get('shm', False)) != wanted.shm:
+            found.append('shm: %s -> %s' % (bool(record.get('shm', False)), wanted.shm))
+        elif wanted.shm and current.pid and daemon_dev_shm(current.pid, self.shm_dir) != self.shm_dir:
+            found.append('the daemon does not see the current %s as its /dev/shm (remounted since it started?)' % self.shm_dir)
         if wanted.supervisor == 'none' and record.get('pid') not in (None, current.pid):
             found.append('pid: the record names pid %s but pid %s runs' % (record.get('pid'), current.pid))
         if wanted.supervisor == 'systemd':

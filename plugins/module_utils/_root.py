@@ -128,6 +128,35 @@ def resource_paths(root: str, name: str) -> ResourcePaths:
     )
 
 
+DEFAULT_CONTAINER_ROOT = '/mps'
+HOST_DEV_SHM = '/dev/shm'
+
+
+def container_view(paths: ResourcePaths, container_root: object = DEFAULT_CONTAINER_ROOT, shm: bool = False,
+                   param: str = 'container_root') -> t.Dict[str, t.Any]:
+    """What a container client of this resource mounts and sets: the device plugin's ``ContainerRoot`` layout.
+
+    The pipe directory appears at ``<container_root>/<name>/pipe``; ``/dev/shm`` must be the daemon's,
+    ``<root>/shm`` when it runs with the shared tmpfs, else the host's own ``/dev/shm``.
+    """
+    croot = validate_root(container_root, param)
+    pipe_dir = os.path.join(croot, paths.name, 'pipe')
+    control = os.path.join(pipe_dir, CONTROL_SOCKET)
+    if len(control.encode('utf-8')) > MAX_SOCKET_PATH_BYTES:
+        raise InvalidParameterError(param, 'the control socket %s would be %d bytes long inside the container; a unix '
+                                    'socket path holds at most %d bytes' % (control, len(control.encode('utf-8')), MAX_SOCKET_PATH_BYTES))
+    shm_source = os.path.join(paths.root, 'shm') if shm else HOST_DEV_SHM
+    return {
+        'root': croot,
+        'pipe_dir': pipe_dir,
+        'env': {'CUDA_MPS_PIPE_DIRECTORY': pipe_dir},
+        'mounts': [
+            {'source': paths.pipe_dir, 'target': pipe_dir},
+            {'source': shm_source, 'target': HOST_DEV_SHM},
+        ],
+    }
+
+
 def systemd_instance(name: str) -> str:
     """Escape a resource name into a systemd instance name, as ``systemd-escape NAME`` does."""
     out = []

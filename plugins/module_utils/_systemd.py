@@ -50,6 +50,25 @@ WantedBy=multi-user.target
 """
 
 
+SHM_DROPIN = 'gpufleet-shm.conf'
+SHM_DROPIN_TEMPLATE = """\
+# Managed by the gpufleet.mps Ansible collection (mps_daemon shm=true). Local changes are overwritten.
+# The daemon, and every MPS server it starts, sees the shared tmpfs as /dev/shm, as container clients do.
+[Unit]
+RequiresMountsFor={shm_dir}
+
+[Service]
+BindPaths={shm_dir}:/dev/shm
+"""
+
+
+def render_shm_dropin(shm_dir: str) -> str:
+    """The per-instance drop-in that gives the daemon ``shm_dir`` as /dev/shm."""
+    if any(char.isspace() or char in '%\\"\'' for char in shm_dir):
+        raise MpsError('refusing to write %r into a systemd drop-in: use a root without spaces, quotes, "%%" or "\\"' % shm_dir)
+    return SHM_DROPIN_TEMPLATE.format(shm_dir=shm_dir)
+
+
 def render_unit(config_dir: str, start_timeout: int, stop_timeout: int) -> str:
     """The template unit's content."""
     # systemd must give the daemon longer than quit -t does before it kills it.

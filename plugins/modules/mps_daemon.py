@@ -76,6 +76,26 @@ options:
         and V(true) leaves its boot setting alone.
     type: bool
     default: true
+  shm:
+    description:
+      - Run the daemon - and so every MPS server it starts - with C(<root>/shm) as its C(/dev/shm), in a private mount
+        namespace (with O(supervisor=systemd) through a per-instance drop-in with C(BindPaths=), else with
+        C(unshare --mount)). An MPS client and its server share memory through C(/dev/shm), so container clients
+        then mount C(<root>/shm) as their C(/dev/shm) (see RV(container)), as with NVIDIA's device plugin. Mount the
+        tmpfs first with M(gpufleet.mps.mps_shm).
+      - With V(false) the daemon uses the host's C(/dev/shm); a container client then needs the host's too (C(--ipc=host)
+        or a bind mount of C(/dev/shm)).
+      - Changing it restarts the daemon; so does a remount of C(<root>/shm) under a running daemon that uses it.
+    type: bool
+    default: false
+    version_added: 0.2.0
+  container_root:
+    description:
+      - The directory under which containers see the resources' pipe directories (the device plugin's C(ContainerRoot)),
+        used only to compute RV(container).
+    type: path
+    default: /mps
+    version_added: 0.2.0
   log_mode:
     description:
       - Mode of the log directory C(<root>/<name>/log). C(control.log) records every client's pid and user and every
@@ -184,6 +204,33 @@ forced:
   returned: always
   type: bool
   sample: false
+container:
+  description:
+    - What a client in a container needs, in the device plugin's layout - bind mounts from host paths to container
+      paths, and the environment as the container sees it. Template C(docker run -v), a Podman quadlet or a pod spec
+      from it.
+  returned: always
+  type: dict
+  contains:
+    root:
+      description: The container root (O(container_root)).
+      type: str
+      sample: /mps
+    pipe_dir:
+      description: The pipe directory inside the container.
+      type: str
+      sample: /mps/nvidia.com/gpu/pipe
+    env:
+      description: The environment a client in the container sets.
+      type: dict
+      sample: {CUDA_MPS_PIPE_DIRECTORY: /mps/nvidia.com/gpu/pipe}
+    mounts:
+      description:
+        - Bind mounts, C(source) on the host to C(target) in the container - the pipe directory, and the daemon's
+          C(/dev/shm) (C(<root>/shm) with O(shm=true), else the host's C(/dev/shm)) at C(/dev/shm).
+      type: list
+      elements: dict
+      sample: [{source: /run/nvidia/mps/nvidia.com/gpu/pipe, target: /mps/nvidia.com/gpu/pipe}, {source: /run/nvidia/mps/shm, target: /dev/shm}]
 actions:
   description: What was done (or, in check mode, would be done), in order.
   returned: always
@@ -199,7 +246,7 @@ from ansible_collections.gpufleet.mps.plugins.module_utils._errors import Invali
 from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import ENUMERATION_WARNING, Nvml
 from ansible_collections.gpufleet.mps.plugins.module_utils._module import run_module
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource import ResourceManager, require_binary
-from ansible_collections.gpufleet.mps.plugins.module_utils._root import config_paths, resource_paths, validate_log_mode
+from ansible_collections.gpufleet.mps.plugins.module_utils._root import config_paths, container_view, resource_paths, validate_log_mode
 from ansible_collections.gpufleet.mps.plugins.module_utils._systemd import Systemctl, systemd_is_pid1
 
 
@@ -218,6 +265,8 @@ def argument_spec():
         start_timeout=dict(type='int', default=30),
         stop_timeout=dict(type='int', default=30),
         log_mode=dict(type='raw', default='0700'),
+        shm=dict(type='bool', default=False),
+        container_root=dict(type='path', default='/mps'),
     )
 
 
@@ -231,6 +280,7 @@ def run(module):
         raise InvalidParameterError('devices', 'must be "all" or a list of GPU indices, UUIDs or unique UUID prefixes')
     log_mode = validate_log_mode(params['log_mode'])
     paths = resource_paths(params['root'], params['name'])
+    container = container_view(paths, params['container_root'], params['shm'])
     config = config_paths(params['config_dir'], params['name'])
     binary = require_binary(params['control_binary'] or shutil.which('nvidia-cuda-mps-control'))
     supervisor = params['supervisor']
@@ -245,12 +295,13 @@ def run(module):
         systemctl = Systemctl(systemctl_path)
         nvidia_smi = shutil.which('nvidia-smi') or '/usr/bin/nvidia-smi'
     daemon = Daemon(paths, binary, start_timeout=params['start_timeout'], stop_timeout=params['stop_timeout'],
-                    log_mode=log_mode)
+                    log_mode=log_mode, shm_dir=container['mounts'][1]['source'] if params['shm'] else None)
 
     with Nvml() as nvml:
         manager = ResourceManager(paths, config, daemon, nvml, supervisor, module.check_mode,
                                   systemctl=systemctl, nvidia_smi=nvidia_smi)
-        outcome = manager.ensure(params['state'], devices, params['multiuser'], params['compute_mode'], params['enabled'])
+        outcome = manager.ensure(params['state'], devices, params['multiuser'], params['compute_mode'], params['enabled'],
+                                 params['shm'])
         if nvml.enumeration_var_was_set:
             outcome.warnings.append(ENUMERATION_WARNING)
 
@@ -264,6 +315,7 @@ def run(module):
         log_dir=paths.log_dir,
         devices=outcome.devices if running else [],
         env=paths.client_env(),
+        container=container,
         supervisor=supervisor,
         started_at=outcome.started_at if running else None,
         forced=outcome.forced,

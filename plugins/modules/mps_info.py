@@ -66,6 +66,13 @@ options:
       - Seconds to wait for each daemon's answer.
     type: int
     default: 10
+  container_root:
+    description:
+      - The directory under which containers see the pipe directories (the device plugin's C(ContainerRoot)), used
+        only to compute RV(daemons[].container).
+    type: path
+    default: /mps
+    version_added: 0.2.0
 notes:
   - Reading compute modes and the daemons' files works as any user; asking a daemon needs access to its pipe
     directory (root for the default O(root)).
@@ -235,6 +242,20 @@ daemons:
       description: The environment a CUDA client needs to use this daemon.
       type: dict
       sample: {CUDA_MPS_PIPE_DIRECTORY: /run/nvidia/mps/nvidia.com/gpu/pipe, CUDA_MPS_LOG_DIRECTORY: /run/nvidia/mps/nvidia.com/gpu/log}
+    shm:
+      description: Whether the daemon was started with C(<root>/shm) as its C(/dev/shm) (M(gpufleet.mps.mps_daemon) O(gpufleet.mps.mps_daemon#module:shm)).
+      type: bool
+      sample: false
+      version_added: 0.2.0
+    container:
+      description:
+        - What a client in a container needs - the same as M(gpufleet.mps.mps_daemon)'s
+          RV(gpufleet.mps.mps_daemon#module:container) - C(root), C(pipe_dir), C(env) and C(mounts) (C(source) on the host,
+          C(target) in the container). Null when the container path would not fit in a unix socket address.
+      type: dict
+      sample: {root: /mps, pipe_dir: /mps/train/pipe, env: {CUDA_MPS_PIPE_DIRECTORY: /mps/train/pipe},
+               mounts: [{source: /run/nvidia/mps/train/pipe, target: /mps/train/pipe}, {source: /dev/shm, target: /dev/shm}]}
+      version_added: 0.2.0
     state:
       description: V(running), or V(stale) for a dead daemon's leftover files.
       type: str
@@ -342,6 +363,33 @@ daemons:
               limit per device UUID as printed (null when unset or unknown). Running clients keep the limits they got.
           type: dict
           sample: {active_thread_percentage: 25.0, pinned_device_mem_limit: {GPU-6a2b5c1e-0000-4000-8000-000000000000: 3G}}
+shm:
+  description: The shared tmpfs at C(<root>/shm) (M(gpufleet.mps.mps_shm)) as the kernel reports it.
+  returned: always
+  type: dict
+  version_added: 0.2.0
+  contains:
+    path:
+      description: C(<root>/shm).
+      type: str
+      sample: /run/nvidia/mps/shm
+    mounted:
+      description: Whether something is mounted there.
+      type: bool
+      sample: true
+    size_kib:
+      description: The tmpfs size in KiB; null when not mounted.
+      type: int
+      sample: 65872896
+    options:
+      description: Which of C(rw), C(nosuid), C(nodev), C(noexec) it is mounted with.
+      type: list
+      elements: str
+      sample: [rw, nosuid, nodev, noexec]
+    error:
+      description: Why it cannot be used (another file system mounted there), else null.
+      type: str
+      sample: null
 warnings:
   description:
     - What usually breaks MPS - a GPU of a running daemon not in EXCLUSIVE_PROCESS, a GPU claimed by two daemons, a parent
@@ -368,6 +416,7 @@ def argument_spec():
         control_binary=dict(type='path'),
         gather=dict(type='list', elements='str', choices=list(GATHER_CHOICES), default=list(GATHER_CHOICES)),
         timeout=dict(type='int', default=10),
+        container_root=dict(type='path', default='/mps'),
     )
 
 
@@ -378,7 +427,7 @@ def run(module):
     else:
         binary = shutil.which('nvidia-cuda-mps-control')
     request = InfoRequest.validate(params['root'], params['config_dir'], params['name'], params['gather'], binary,
-                                   params['timeout'])
+                                   params['timeout'], params['container_root'])
     report = Collector(request).collect()
     for warning in report.warnings:
         module.warn(warning)

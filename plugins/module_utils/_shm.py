@@ -1,0 +1,323 @@
+# Copyright: gpufleet.mps contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The shared-memory tmpfs at ``<root>/shm``: what is mounted, what is wanted, and making them agree.
+
+An MPS client and its server share memory through ``/dev/shm``. NVIDIA's device plugin runs its
+daemon with a dedicated tmpfs as ``/dev/shm`` and gives every container the same tmpfs; this module
+serves that tmpfs from the host: mounted ``rw,nosuid,nodev,noexec,mode=1777`` with a size, kept
+across reboots by a systemd mount unit or an fstab line, and changed with a remount, never an
+unmount, while it is in use.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import stat
+import subprocess
+import typing as t
+from dataclasses import dataclass, field
+
+from ._errors import InvalidParameterError, MpsError
+from ._io import atomic_write, ensure_dir, read_text, remove
+from ._root import systemd_instance, validate_root
+from ._systemd import Systemctl
+
+SHM_DIR = 'shm'
+FLAGS = ('rw', 'nosuid', 'nodev', 'noexec')
+MODE = 0o1777
+SIZE_FORM = 'a percentage of RAM from 1% to 100% (e.g. "50%", the default) or a size with a k, m, g or t suffix (e.g. "16G")'
+FSTAB_MARK = '# gpufleet.mps: tmpfs for MPS clients in containers'
+UNIT_HEADER = '# Managed by the gpufleet.mps Ansible collection (mps_shm). Local changes are overwritten.'
+_UNITS = {'k': 1 << 10, 'm': 1 << 20, 'g': 1 << 30, 't': 1 << 40}
+
+
+def shm_path(root: str) -> str:
+    return os.path.join(validate_root(root), SHM_DIR)
+
+
+def memory_pages() -> t.Tuple[int, int]:
+    """(total RAM in pages, page size) as the kernel's tmpfs sizes count them."""
+    return os.sysconf('SC_PHYS_PAGES'), os.sysconf('SC_PAGE_SIZE')
+
+
+def size_kib(size: object, pages: t.Optional[t.Tuple[int, int]] = None, param: str = 'size') -> int:
+    """The size in KiB the kernel gives a tmpfs mounted with ``size=<size>`` (rounded up to pages)."""
+    total, page = pages or memory_pages()
+    text = str(size).lower() if isinstance(size, (str, int)) and not isinstance(size, bool) else ''
+    percent = re.fullmatch(r'(\d{1,3})%', text)
+    absolute = re.fullmatch(r'(\d+)([kmgt]?)', text)
+    if percent and 1 <= int(percent.group(1)) <= 100:
+        blocks = math.ceil(int(percent.group(1)) * total / 100)
+    elif absolute and int(absolute.group(1)) > 0:
+        value = int(absolute.group(1)) * _UNITS.get(absolute.group(2), 1)
+        blocks = math.ceil(value / page)
+    else:
+        raise InvalidParameterError(param, 'must be %s, got %r' % (SIZE_FORM, size))
+    return blocks * page // 1024
+
+
+@dataclass
+class MountEntry:
+    """One line of /proc/self/mountinfo."""
+
+    mount_point: str
+    fstype: str
+    source: str
+    flags: t.List[str]
+    super_options: t.Dict[str, str] = field(default_factory=dict)
+
+
+def _unescape(text: str) -> str:
+    return re.sub(r'\\([0-7]{3})', lambda match: chr(int(match.group(1), 8)), text)
+
+
+def parse_mountinfo(text: str) -> t.List[MountEntry]:
+    entries = []
+    for line in text.splitlines():
+        head, sep, tail = line.partition(' - ')
+        fields = head.split()
+        rest = tail.split()
+        if not sep or len(fields) < 6 or len(rest) < 3:
+            continue
+        options = {}
+        for item in rest[2].split(','):
+            key, _, value = item.partition('=')
+            options[key] = value
+        entries.append(MountEntry(_unescape(fields[4]), rest[0], _unescape(rest[1]), fields[5].split(','), options))
+    return entries
+
+
+def mounted_at(path: str, mountinfo: t.Optional[str] = None) -> t.Optional[MountEntry]:
+    """The file system mounted on ``path`` (the topmost when mounts are stacked), or None."""
+    text = mountinfo if mountinfo is not None else read_text('/proc/self/mountinfo') or ''
+    found = None
+    for entry in parse_mountinfo(text):
+        if entry.mount_point == path:
+            found = entry
+    return found
+
+
+def escape_fstab(path: str) -> str:
+    return ''.join('\\%03o' % ord(char) if char in ' \t\n\\' else char for char in path)
+
+
+def mount_unit_name(path: str) -> str:
+    """``systemd-escape --path --suffix=mount PATH``."""
+    return systemd_instance(os.path.normpath(path).strip('/')) + '.mount'
+
+
+@dataclass
+class ShmState:
+    """What is there, or what is wanted."""
+
+    mounted: bool
+    size_kib: t.Optional[int] = None
+    flags: t.List[str] = field(default_factory=list)
+    mode: t.Optional[str] = None
+
+    def view(self) -> t.Dict[str, t.Any]:
+        return {'mounted': self.mounted, 'size_kib': self.size_kib, 'options': self.flags, 'mode': self.mode}
+
+
+def current_state(path: str, pages: t.Optional[t.Tuple[int, int]] = None, mountinfo: t.Optional[str] = None) -> ShmState:
+    """The tmpfs on ``path`` as the kernel reports it (the kernel omits size= at its default, half of RAM)."""
+    entry = mounted_at(path, mountinfo)
+    if entry is None:
+        return ShmState(False)
+    if entry.fstype != 'tmpfs':
+        raise MpsError('%s is a mount point of a %s file system (%s), not a tmpfs; refusing to mount over it or '
+                       'unmount it' % (path, entry.fstype, entry.source), path=path)
+    total, page = pages or memory_pages()
+    size = entry.super_options.get('size')
+    kib = int(size[:-1]) if size and size.endswith('k') and size[:-1].isdigit() else (total // 2) * page // 1024
+    try:
+        mode = format(stat.S_IMODE(os.stat(path).st_mode), '04o')
+    except OSError:
+        mode = None
+    return ShmState(True, kib, [flag for flag in FLAGS if flag in entry.flags], mode)
+
+
+def mount_options(kib: int) -> str:
+    return ','.join(FLAGS) + ',size=%dk,mode=1777' % kib
+
+
+def render_mount_unit(path: str, kib: int) -> str:
+    return '\n'.join([
+        UNIT_HEADER,
+        '[Unit]',
+        'Description=tmpfs shared by NVIDIA MPS daemons and their container clients (gpufleet.mps)',
+        'Documentation=https://github.com/gpufleet/mps',
+        '',
+        '[Mount]',
+        'What=tmpfs',
+        'Where=%s' % path,
+        'Type=tmpfs',
+        'Options=%s' % mount_options(kib),
+        '',
+        '[Install]',
+        'WantedBy=local-fs.target',
+        '',
+    ])
+
+
+def fstab_line(path: str, kib: int) -> str:
+    return 'tmpfs %s tmpfs %s 0 0' % (escape_fstab(path), mount_options(kib))
+
+
+def fstab_edit(text: str, path: str, line: t.Optional[str]) -> str:
+    """``text`` with every entry for ``path`` (and our mark) replaced by ``line`` (removed when None)."""
+    out = []
+    placed = False
+    for current in text.splitlines():
+        fields = current.split()
+        if current.strip() == FSTAB_MARK:
+            continue
+        if fields and not fields[0].startswith('#') and len(fields) >= 2 and _unescape(fields[1]) == path:
+            if line is not None and not placed:
+                out += [FSTAB_MARK, line]
+                placed = True
+            continue
+        out.append(current)
+    if line is not None and not placed:
+        out += [FSTAB_MARK, line]
+    return '\n'.join(out) + '\n' if out else ''
+
+
+class Mounter:
+    """``mount`` and ``umount`` (util-linux)."""
+
+    def __init__(self, mount: str = 'mount', umount: str = 'umount', timeout: float = 60) -> None:
+        self.mount_binary = mount
+        self.umount_binary = umount
+        self.timeout = timeout
+
+    def _run(self, argv: t.List[str], what: str) -> None:
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=self.timeout, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise MpsError('%s failed: %s' % (what, exc)) from exc
+        if proc.returncode != 0:
+            raise MpsError('%s failed with status %d: %s' % (what, proc.returncode, (proc.stderr or proc.stdout).strip()),
+                           rc=proc.returncode, cmd=argv)
+
+    def mount(self, path: str, kib: int) -> None:
+        self._run([self.mount_binary, '-t', 'tmpfs', '-o', mount_options(kib), 'tmpfs', path], 'mounting the tmpfs on %s' % path)
+
+    def remount(self, path: str, kib: int) -> None:
+        self._run([self.mount_binary, '-o', 'remount,' + mount_options(kib), path], 'remounting the tmpfs on %s' % path)
+
+    def umount(self, path: str) -> None:
+        self._run([self.umount_binary, path], 'unmounting %s (is a container or process still using it?)' % path)
+
+
+@dataclass
+class ShmOutcome:
+    changed: bool = False
+    actions: t.List[str] = field(default_factory=list)
+    before: t.Dict[str, t.Any] = field(default_factory=dict)
+    after: t.Dict[str, t.Any] = field(default_factory=dict)
+    daemon_reload: bool = False
+
+    def act(self, action: str) -> None:
+        self.changed = True
+        self.actions.append(action)
+
+
+class ShmManager:
+    """Bring ``<root>/shm`` to ``mounted`` (with its persistence) or ``absent``."""
+
+    def __init__(self, root: str, persist: str, fstab: str, unit_dir: str, check_mode: bool, mounter: Mounter,
+                 pages: t.Optional[t.Tuple[int, int]] = None, systemctl: t.Optional[Systemctl] = None) -> None:
+        self.root = validate_root(root)
+        self.path = os.path.join(self.root, SHM_DIR)
+        self.persist = persist
+        self.fstab = validate_root(fstab, 'fstab')
+        self.unit_path = os.path.join(unit_dir, mount_unit_name(self.path))
+        self.check_mode = check_mode
+        self.mounter = mounter
+        self.pages = pages
+        self.systemctl = systemctl
+        self.unit = mount_unit_name(self.path)
+
+    def _persisted(self) -> t.Dict[str, t.Any]:
+        fstab = read_text(self.fstab) or ''
+        return {'fstab': fstab_edit(fstab, self.path, None) != fstab, 'unit': os.path.exists(self.unit_path)}
+
+    def ensure(self, state: str, size: object) -> ShmOutcome:
+        kib = size_kib(size, self.pages) if state == 'mounted' else None
+        out = ShmOutcome()
+        current = current_state(self.path, self.pages)
+        out.before = dict(current.view(), persisted=self._persisted())
+        if state == 'mounted':
+            self._mount(current, kib, out)
+            self._persist(kib, out)
+            out.after = dict(ShmState(True, kib, list(FLAGS), '1777').view(), persisted={
+                'fstab': self.persist == 'fstab', 'unit': self.persist == 'systemd'})
+        else:
+            if current.mounted:
+                out.act('unmount %s' % self.path)
+                if not self.check_mode:
+                    self.mounter.umount(self.path)
+            self._persist(None, out)
+            out.after = dict(ShmState(False).view(), persisted={'fstab': False, 'unit': False})
+        return out
+
+    def _mount(self, current: ShmState, kib: t.Optional[int], out: ShmOutcome) -> None:
+        assert kib is not None
+        if not current.mounted:
+            out.act('mount a tmpfs of %d KiB on %s' % (kib, self.path))
+            if not self.check_mode:
+                ensure_dir(self.root, 0o755)
+                ensure_dir(self.path, 0o755)
+                self.mounter.mount(self.path, kib)
+            return
+        if current.size_kib != kib or sorted(current.flags) != sorted(FLAGS):
+            out.act('remount %s with %s (was %d KiB, %s)' % (self.path, mount_options(kib), current.size_kib or 0, ','.join(current.flags)))
+            if not self.check_mode:
+                self.mounter.remount(self.path, kib)
+        if current.mode != '1777':
+            # tmpfs takes mode= only when mounted; the root directory's mode is changed in place.
+            out.act('chmod 1777 %s (was %s)' % (self.path, current.mode))
+            if not self.check_mode:
+                os.chmod(self.path, MODE)
+
+    def _persist(self, kib: t.Optional[int], out: ShmOutcome) -> None:
+        """One persistence mechanism (or none): the other is removed, so two never fight at boot."""
+        fstab = read_text(self.fstab)
+        wanted_line = fstab_line(self.path, kib) if kib is not None and self.persist == 'fstab' else None
+        if fstab is not None or wanted_line is not None:
+            new = fstab_edit(fstab or '', self.path, wanted_line)
+            if new != (fstab or ''):
+                out.act('%s %s in %s' % ('write the entry for' if wanted_line else 'remove the entry for', self.path, self.fstab))
+                if not self.check_mode:
+                    mode = stat.S_IMODE(os.stat(self.fstab).st_mode) if fstab is not None else 0o644
+                    atomic_write(self.fstab, new, mode)
+        unit = render_mount_unit(self.path, kib) if kib is not None and self.persist == 'systemd' else None
+        existing = read_text(self.unit_path)
+        if unit is not None and existing != unit:
+            out.act('write %s' % self.unit_path)
+            out.daemon_reload = True
+            if not self.check_mode:
+                ensure_dir(os.path.dirname(self.unit_path), 0o755)
+                atomic_write(self.unit_path, unit, 0o644)
+        elif unit is None and existing is not None:
+            if self.systemctl is not None and self.systemctl.is_enabled(self.unit):
+                out.act('disable %s' % self.unit)
+                if not self.check_mode:
+                    self.systemctl.disable(self.unit)
+            out.act('remove %s' % self.unit_path)
+            out.daemon_reload = True
+            if not self.check_mode:
+                remove(self.unit_path)
+        if self.systemctl is None:
+            return
+        if out.daemon_reload:
+            out.act('systemctl daemon-reload')
+            if not self.check_mode:
+                self.systemctl.daemon_reload()
+        if unit is not None and not self.systemctl.is_enabled(self.unit):
+            out.act('enable %s' % self.unit)
+            if not self.check_mode:
+                self.systemctl.enable(self.unit)

@@ -1,0 +1,197 @@
+#!/usr/bin/python
+# Copyright: gpufleet.mps contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r'''
+module: mps_shm
+short_description: Mount the shared-memory tmpfs that MPS daemons and their container clients use as /dev/shm
+version_added: 0.2.0
+description:
+  - An MPS client and its server share memory through C(/dev/shm), so a client in a container needs the C(/dev/shm)
+    of the daemon's servers. NVIDIA's Kubernetes device plugin gives its daemon and every container one dedicated
+    tmpfs, C(<root>/shm); this module serves that tmpfs from the host.
+  - Mounts a tmpfs on C(<root>/shm) with C(rw,nosuid,nodev,noexec,mode=1777) and a size, and keeps it across reboots
+    with a systemd mount unit or an C(/etc/fstab) line. Start daemons with
+    M(gpufleet.mps.mps_daemon) O(gpufleet.mps.mps_daemon#module:shm=true) to give them this tmpfs as C(/dev/shm).
+  - A different size or missing mount flags are changed with a remount, never an unmount, so containers that use
+    the tmpfs keep it. Any other file system already mounted on C(<root>/shm) is refused.
+attributes:
+  check_mode:
+    description: Reports what would change without mounting or writing anything.
+    support: full
+  diff_mode:
+    description: Shows the mount (size in KiB, flags, mode) and its persistence before and after.
+    support: full
+  idempotent:
+    description: A second run with the same options changes nothing.
+    support: full
+options:
+  root:
+    description:
+      - The root directory of the MPS resources; the tmpfs is mounted on C(<root>/shm).
+    type: path
+    default: /run/nvidia/mps
+  state:
+    description:
+      - V(mounted) mounts the tmpfs (or remounts it with the wanted size and flags) and persists it as O(persist) says.
+      - V(absent) unmounts it and removes its mount unit or fstab entry. Unmounting a tmpfs that a process still
+        uses fails, naming the mount point, and leaves it mounted.
+    type: str
+    choices: [mounted, absent]
+    default: mounted
+  size:
+    description:
+      - The tmpfs size - a percentage of RAM (V(50%), half of RAM, as the device plugin has it) or a size with a
+        V(k), V(m), V(g) or V(t) suffix (V(16G)). The kernel rounds it up to whole pages; the mount, the mount unit and
+        the fstab line carry the resulting size in KiB, recomputed on every run.
+    type: str
+    default: 50%
+  persist:
+    description:
+      - How the mount comes back after a reboot. V(systemd) writes and enables the mount unit
+        C(<escaped path>.mount) (for the default root C(run-nvidia-mps-shm.mount)); V(fstab) writes one line in
+        O(fstab); V(none) only mounts it now. The mechanism not chosen is removed, so the two never both apply.
+      - V(auto) is V(systemd) when systemd is PID 1, else V(fstab).
+    type: str
+    choices: [auto, systemd, fstab, none]
+    default: auto
+  fstab:
+    description:
+      - The fstab file used by O(persist=fstab) (and cleaned of this mount point otherwise).
+    type: path
+    default: /etc/fstab
+notes:
+  - Needs root (mount, umount, C(/etc)).
+  - Uses C(mount) and C(umount) from util-linux.
+seealso:
+  - module: gpufleet.mps.mps_daemon
+author:
+  - gpufleet.mps developers (@gpufleet)
+'''
+
+EXAMPLES = r'''
+- name: A tmpfs of half of RAM on /run/nvidia/mps/shm, back at every boot
+  gpufleet.mps.mps_shm:
+
+- name: Daemons whose servers use it as /dev/shm, so containers can mount it as theirs
+  gpufleet.mps.mps_daemon:
+    name: nvidia.com/gpu
+    shm: true
+  register: gpu
+
+- name: What a container needs - the mounts and the environment
+  ansible.builtin.debug:
+    msg: >-
+      docker run {% for m in gpu.container.mounts %}-v {{ m.source }}:{{ m.target }} {% endfor %}
+      {% for k, v in gpu.container.env.items() %}-e {{ k }}={{ v }} {% endfor %}IMAGE
+
+- name: A fixed size instead
+  gpufleet.mps.mps_shm:
+    size: 16G
+
+- name: Unmount it and forget it (stop the daemons that use it first)
+  gpufleet.mps.mps_shm:
+    state: absent
+'''
+
+RETURN = r'''
+path:
+  description: The mount point, C(<root>/shm).
+  returned: always
+  type: str
+  sample: /run/nvidia/mps/shm
+mounted:
+  description: Whether the tmpfs is mounted after the run (in check mode, whether it would be).
+  returned: always
+  type: bool
+  sample: true
+size_kib:
+  description: The tmpfs size in KiB; null when not mounted.
+  returned: always
+  type: int
+  sample: 65872896
+options:
+  description: The mount options used.
+  returned: when O(state=mounted)
+  type: str
+  sample: rw,nosuid,nodev,noexec,size=65872896k,mode=1777
+persist:
+  description: The persistence in effect (V(auto) resolved).
+  returned: always
+  type: str
+  sample: systemd
+unit:
+  description: The name of the systemd mount unit for this mount point (written only with O(persist=systemd)).
+  returned: always
+  type: str
+  sample: run-nvidia-mps-shm.mount
+actions:
+  description: What was done (or, in check mode, would be done), in order.
+  returned: always
+  type: list
+  elements: str
+  sample: ['mount a tmpfs of 65872896 KiB on /run/nvidia/mps/shm', 'write /etc/systemd/system/run-nvidia-mps-shm.mount']
+'''
+
+import shutil
+
+from ansible_collections.gpufleet.mps.plugins.module_utils._errors import InvalidParameterError
+from ansible_collections.gpufleet.mps.plugins.module_utils._io import refuse_unsafe_dirs
+from ansible_collections.gpufleet.mps.plugins.module_utils._module import run_module
+from ansible_collections.gpufleet.mps.plugins.module_utils._shm import Mounter, ShmManager, mount_options, size_kib
+from ansible_collections.gpufleet.mps.plugins.module_utils._systemd import UNIT_DIR, Systemctl, systemd_is_pid1
+
+
+def argument_spec():
+    return dict(
+        root=dict(type='path', default='/run/nvidia/mps'),
+        state=dict(type='str', choices=['mounted', 'absent'], default='mounted'),
+        size=dict(type='str', default='50%'),
+        persist=dict(type='str', choices=['auto', 'systemd', 'fstab', 'none'], default='auto'),
+        fstab=dict(type='path', default='/etc/fstab'),
+    )
+
+
+def run(module):
+    params = module.params
+    if params['state'] == 'mounted':
+        kib = size_kib(params['size'])
+    persist = params['persist']
+    if persist == 'auto':
+        persist = 'systemd' if systemd_is_pid1() else 'fstab'
+    systemctl = None
+    systemctl_path = shutil.which('systemctl')
+    if persist == 'systemd' and not systemctl_path:
+        raise InvalidParameterError('persist', 'systemd was asked for but systemctl is not installed')
+    if systemctl_path and systemd_is_pid1():
+        systemctl = Systemctl(systemctl_path)
+    mount, umount = shutil.which('mount'), shutil.which('umount')
+    if not mount or not umount:
+        raise InvalidParameterError('state', 'mount and umount (util-linux) must be installed')
+    manager = ShmManager(params['root'], persist, params['fstab'], UNIT_DIR, module.check_mode, Mounter(mount, umount),
+                         systemctl=systemctl)
+    refuse_unsafe_dirs([(manager.root, 'root')])
+    outcome = manager.ensure(params['state'], params['size'])
+    result = dict(
+        changed=outcome.changed,
+        path=manager.path,
+        mounted=outcome.after['mounted'],
+        size_kib=outcome.after['size_kib'],
+        persist=persist,
+        unit=manager.unit,
+        actions=outcome.actions,
+    )
+    if params['state'] == 'mounted':
+        result['options'] = mount_options(kib)
+    if module._diff:
+        result['diff'] = dict(before=outcome.before, after=outcome.after)
+    return result
+
+
+def main():
+    run_module(argument_spec(), run)
+
+
+if __name__ == '__main__':
+    main()
