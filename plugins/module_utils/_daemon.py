@@ -264,7 +264,15 @@ class Daemon:
         if proc.returncode != 0:
             raise ControlBinaryError('%s -d failed with status %d: %s (see %s)' % (
                 self.binary, proc.returncode, output or '(no output)', self.control_log), rc=proc.returncode, stdout=output)
-        self.wait_ready(replay)
+        try:
+            self.wait_ready(replay)
+        except (ControlBinaryError, ControlCommandError, DaemonNotRunningError, DaemonTimeoutError) as exc:
+            if not replay or inspect(self.paths).running:
+                raise
+            # Killed (or crashed) after -d answered but before the session carrying the replay ended.
+            raise MpsError('the MPS control daemon for %s died while its persisted limits were being replayed (%s); '
+                           'nothing was recorded as started, and the next run starts it again and replays them - see %s' % (
+                               self.paths.name, exc.msg, self.control_log), log_file=self.control_log) from exc
         state = inspect(self.paths)
         if not state.running or state.pid is None:
             raise MpsError('the MPS control daemon for %s exited right after starting (see %s)' % (self.paths.name, self.control_log))
