@@ -83,7 +83,7 @@ def parse_mountinfo(text: str) -> t.List[MountEntry]:
             continue
         options = {}
         for item in rest[2].split(','):
-            key, _, value = item.partition('=')
+            key, value = item.split('=', 1) if '=' in item else (item, '')
             options[key] = value
         entries.append(MountEntry(_unescape(fields[4]), rest[0], _unescape(rest[1]), fields[5].split(','), options))
     return entries
@@ -250,7 +250,7 @@ class ShmManager:
         out = ShmOutcome()
         current = current_state(self.path, self.pages)
         out.before = dict(current.view(), persisted=self._persisted())
-        if state == 'mounted':
+        if kib is not None:
             self._mount(current, kib, out)
             self._persist(kib, out)
             out.after = dict(ShmState(True, kib, list(FLAGS), '1777').view(), persisted={
@@ -264,8 +264,7 @@ class ShmManager:
             out.after = dict(ShmState(False).view(), persisted={'fstab': False, 'unit': False})
         return out
 
-    def _mount(self, current: ShmState, kib: t.Optional[int], out: ShmOutcome) -> None:
-        assert kib is not None
+    def _mount(self, current: ShmState, kib: int, out: ShmOutcome) -> None:
         if not current.mounted:
             out.act('mount a tmpfs of %d KiB on %s' % (kib, self.path))
             if not self.check_mode:

@@ -1,9 +1,8 @@
-#!/usr/bin/python3
 # Copyright: gpufleet.mps contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """A container without a container engine: run a program in a root that has only what a view mounts.
 
-    container.py VIEW.json UID PROGRAM [ARG ...]
+    python3 container.py VIEW.json UID PROGRAM [ARG ...]
 
 In a private mount namespace (unshare), builds a new root on a tmpfs with /usr and /etc bound
 read-only, /proc, /dev/null, and exactly the bind mounts listed in the view's ``mounts`` (``source``

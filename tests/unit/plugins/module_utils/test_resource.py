@@ -1,0 +1,89 @@
+# Copyright: gpufleet.mps contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""ResourceManager's decisions that need no daemon: what forces a restart of a systemd-supervised one."""
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from ansible_collections.gpufleet.mps.plugins.module_utils._daemon import DaemonState
+from ansible_collections.gpufleet.mps.plugins.module_utils._resource import ResourceManager, Wanted
+from ansible_collections.gpufleet.mps.plugins.module_utils._root import config_paths, resource_paths
+from ansible_collections.gpufleet.mps.plugins.module_utils._systemd import RESTART_ENV, parse_env, render_env
+
+
+@pytest.fixture
+def manager(tmp_path):
+    paths = resource_paths(str(tmp_path / 'root'), 'train')
+    config = config_paths(str(tmp_path / 'etc'), 'train')
+    (tmp_path / 'etc').mkdir()
+    daemon = types.SimpleNamespace(binary='/usr/bin/nvidia-cuda-mps-control', log_mode=0o700, start_timeout=30, stop_timeout=30)
+    return ResourceManager(paths, config, daemon, nvml=None, supervisor='systemd', check_mode=True,
+                           unit_dir=str(tmp_path / 'units'))
+
+
+def _wanted(**overrides):
+    values = dict(devices=[types.SimpleNamespace(uuid='GPU-a'), types.SimpleNamespace(uuid='GPU-b')], multiuser=False,
+                  supervisor='systemd', compute_mode='exclusive_process', enabled=True)
+    values.update(overrides)
+    return Wanted(**values)
+
+
+RUNNING = DaemonState(running=True, pid=1234, pid_file_pid=1234)
+
+
+def _record(wanted):
+    return dict(wanted.record(), pid=1234)
+
+
+def _write_env(manager, wanted, **changes):
+    values = manager._env_values(wanted)
+    values.update(changes)
+    values = {key: value for key, value in values.items() if value is not None}
+    with open(manager.config.env_file, 'w', encoding='utf-8') as handle:
+        handle.write(render_env('train', values))
+
+
+@pytest.mark.parametrize('changes', [
+    {'MPS_LOG_MODE': None},            # an environment file written before log_mode existed
+    {'MPS_LOG_MODE': '0755'},
+    {'MPS_STOP_TIMEOUT': '5'},
+    {'MPS_COMPUTE_MODE': 'DEFAULT'},
+    {'MPS_NVIDIA_SMI': '/usr/local/bin/nvidia-smi'},
+    {'MPS_LIMITS_FILE': '/elsewhere/train.limits'},
+])
+def test_values_the_running_daemon_does_not_use_are_rewritten_without_a_restart(manager, changes):
+    wanted = _wanted()
+    _write_env(manager, wanted, **changes)
+    assert manager._differences(wanted, RUNNING, _record(wanted)) == []
+    assert manager.config.env_file in manager._systemd_drift(wanted)
+
+
+@pytest.mark.parametrize('key', RESTART_ENV)
+def test_values_the_daemon_was_started_with_force_a_restart(manager, key):
+    wanted = _wanted()
+    _write_env(manager, wanted, **{key: 'something-else'})
+    differences = manager._differences(wanted, RUNNING, _record(wanted))
+    assert differences == ['environment file %s differs in %s' % (manager.config.env_file, key)]
+
+
+def test_the_restart_keys_are_exactly_what_the_unit_starts_the_daemon_with(manager):
+    env = parse_env(render_env('train', manager._env_values(_wanted(multiuser=True))))
+    assert set(RESTART_ENV) <= set(env)
+    assert env['MPS_DAEMON_ARGS'] == '-multiuser-server' and env['CUDA_VISIBLE_DEVICES'] == 'GPU-a,GPU-b'
+
+
+def test_a_record_without_shm_means_shm_false_and_a_change_of_shm_restarts(manager):
+    wanted = _wanted()
+    _write_env(manager, wanted)
+    old_record = {key: value for key, value in _record(wanted).items() if key != 'shm'}
+    assert manager._differences(wanted, RUNNING, old_record) == []
+    assert manager._differences(_wanted(shm=True), RUNNING, old_record) == ['shm: False -> True']
+
+
+def test_shm_adds_a_dropin_and_dropping_shm_removes_it(manager):
+    files = manager._systemd_files(_wanted(shm=True))
+    assert 'BindPaths=%s/shm:/dev/shm' % manager.paths.root in files[manager.dropin_path]
+    assert manager._systemd_files(_wanted())[manager.dropin_path] is None
+    assert manager.dropin_path.endswith('gpufleet-mps@train.service.d/gpufleet-shm.conf')
