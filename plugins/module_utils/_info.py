@@ -318,6 +318,12 @@ class Collector:
             'shm': bool(record.get('shm', False)),
             'container': None,
         }
+        shm_dir = os.path.join(paths.root, SHM_DIR)
+        if state.running and state.pid:
+            # What the daemon really sees beats the record, which /run loses at boot.
+            seen = daemon_dev_shm(state.pid, shm_dir)
+            if seen is not None:
+                facts['shm'] = seen == shm_dir
         try:
             facts['container'] = container_view(paths, self.request.container_root, facts['shm'])
         except InvalidParameterError as exc:
@@ -330,8 +336,7 @@ class Collector:
                                      paths.name, _last_pid(paths), ', '.join(state.leftovers)))
             return facts
         self._warn_compute_modes(paths, devices, by_uuid, nvml_available)
-        shm_dir = os.path.join(paths.root, SHM_DIR)
-        if facts['shm'] and state.pid and daemon_dev_shm(state.pid, shm_dir) != shm_dir:
+        if record.get('shm') and state.pid and daemon_dev_shm(state.pid, shm_dir) != shm_dir:
             self.warnings.append('the MPS control daemon of %s (pid %d) was started with shm=true but does not see %s as its '
                                  '/dev/shm (remounted since it started?): container clients cannot reach its servers; '
                                  'gpufleet.mps.mps_daemon restarts it' % (paths.name, state.pid, shm_dir))

@@ -19,9 +19,10 @@ import subprocess
 import typing as t
 from dataclasses import dataclass, field
 
+from ._daemon import inspect
 from ._errors import InvalidParameterError, MpsError
-from ._io import atomic_write, ensure_dir, read_text, remove
-from ._root import systemd_instance, validate_root
+from ._io import atomic_write, ensure_dir, read_json, read_text, remove
+from ._root import resource_paths, scan_resources, systemd_instance, validate_root
 from ._systemd import Systemctl
 
 SHM_DIR = 'shm'
@@ -245,10 +246,27 @@ class ShmManager:
         fstab = read_text(self.fstab) or ''
         return {'fstab': fstab_edit(fstab, self.path, None) != fstab, 'unit': os.path.exists(self.unit_path)}
 
+    def daemons_using(self) -> t.List[str]:
+        """Running daemons under the root that were started with this tmpfs as their /dev/shm."""
+        users = []
+        for name in scan_resources(self.root):
+            paths = resource_paths(self.root, name)
+            record = read_json(paths.started_file)
+            if isinstance(record, dict) and record.get('shm') and inspect(paths).running:
+                users.append(name)
+        return users
+
     def ensure(self, state: str, size: object) -> ShmOutcome:
         kib = size_kib(size, self.pages) if state == 'mounted' else None
         out = ShmOutcome()
         current = current_state(self.path, self.pages)
+        users = self.daemons_using() if state == 'absent' and current.mounted else []
+        if users:
+            # The host's unmount would succeed and leave those daemons with a detached tmpfs that no new
+            # container can reach: refuse before touching anything.
+            raise MpsError('state: %s is the /dev/shm of the running MPS daemon(s) %s; stop them (gpufleet.mps.mps_daemon '
+                           'state=stopped) or restart them with shm=false before removing it' % (
+                               self.path, ', '.join(sorted(users))), path=self.path)
         out.before = dict(current.view(), persisted=self._persisted())
         if kib is not None:
             self._mount(current, kib, out)

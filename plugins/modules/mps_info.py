@@ -243,7 +243,9 @@ daemons:
       type: dict
       sample: {CUDA_MPS_PIPE_DIRECTORY: /run/nvidia/mps/nvidia.com/gpu/pipe, CUDA_MPS_LOG_DIRECTORY: /run/nvidia/mps/nvidia.com/gpu/log}
     shm:
-      description: Whether the daemon was started with C(<root>/shm) as its C(/dev/shm) (M(gpufleet.mps.mps_daemon) O(gpufleet.mps.mps_daemon#module:shm)).
+      description:
+        - Whether the daemon uses C(<root>/shm) as its C(/dev/shm) (M(gpufleet.mps.mps_daemon) O(gpufleet.mps.mps_daemon#module:shm)) -
+          as its own mount namespace shows it when it runs, else as recorded when it was started.
       type: bool
       sample: false
       version_added: 0.2.0

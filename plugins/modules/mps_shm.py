@@ -35,8 +35,10 @@ options:
   state:
     description:
       - V(mounted) mounts the tmpfs (or remounts it with the wanted size and flags) and persists it as O(persist) says.
-      - V(absent) unmounts it and removes its mount unit or fstab entry. Unmounting a tmpfs that a process still
-        uses fails, naming the mount point, and leaves it mounted.
+      - V(absent) unmounts it and removes its mount unit or fstab entry. It is refused while a running daemon under
+        O(root) was started with it as its C(/dev/shm) (M(gpufleet.mps.mps_daemon) O(gpufleet.mps.mps_daemon#module:shm=true)),
+        because the unmount would succeed on the host and leave that daemon with a tmpfs no new container can reach.
+        Unmounting a tmpfs that a process of the host still uses fails, naming the mount point, and leaves it mounted.
     type: str
     choices: [mounted, absent]
     default: mounted
@@ -74,9 +76,10 @@ EXAMPLES = r'''
 - name: A tmpfs of half of RAM on /run/nvidia/mps/shm, back at every boot
   gpufleet.mps.mps_shm:
 
-- name: Daemons whose servers use it as /dev/shm, so containers can mount it as theirs
+- name: A daemon whose servers use it as /dev/shm, so containers can mount it as theirs
   gpufleet.mps.mps_daemon:
-    name: nvidia.com/gpu
+    name: train
+    devices: [0, 1]
     shm: true
   register: gpu
 
@@ -90,7 +93,12 @@ EXAMPLES = r'''
   gpufleet.mps.mps_shm:
     size: 16G
 
-- name: Unmount it and forget it (stop the daemons that use it first)
+- name: Stop the daemons that use it - removing it under a running one is refused
+  gpufleet.mps.mps_daemon:
+    name: train
+    state: stopped
+
+- name: Unmount it and forget it
   gpufleet.mps.mps_shm:
     state: absent
 '''
