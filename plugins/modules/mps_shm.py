@@ -54,7 +54,8 @@ options:
       - How the mount comes back after a reboot. V(systemd) writes and enables the mount unit
         C(<escaped path>.mount) (for the default root C(run-nvidia-mps-shm.mount)); V(fstab) writes one line in
         O(fstab); V(none) only mounts it now. The mechanism not chosen is removed, so the two never both apply.
-      - V(auto) is V(systemd) when systemd is PID 1, else V(fstab).
+      - V(auto) is V(systemd) when systemd is PID 1, else V(fstab). V(systemd) is refused where systemd is not PID 1,
+        since the unit could not be enabled.
     type: str
     choices: [auto, systemd, fstab, none]
     default: auto
@@ -170,8 +171,10 @@ def run(module):
         persist = 'systemd' if systemd_is_pid1() else 'fstab'
     systemctl = None
     systemctl_path = shutil.which('systemctl')
-    if persist == 'systemd' and not systemctl_path:
-        raise InvalidParameterError('persist', 'systemd was asked for but systemctl is not installed')
+    if persist == 'systemd' and not (systemctl_path and systemd_is_pid1()):
+        # A mount unit that cannot be enabled would not bring the tmpfs back at boot: say so instead.
+        raise InvalidParameterError('persist', 'systemd was asked for but %s; use persist=fstab (or auto)' % (
+            'systemctl is not installed' if not systemctl_path else 'systemd is not running as PID 1 here'))
     if systemctl_path and systemd_is_pid1():
         systemctl = Systemctl(systemctl_path)
     mount, umount = shutil.which('mount'), shutil.which('umount')
@@ -179,7 +182,7 @@ def run(module):
         raise InvalidParameterError('state', 'mount and umount (util-linux) must be installed')
     manager = ShmManager(params['root'], persist, params['fstab'], UNIT_DIR, module.check_mode, Mounter(mount, umount),
                          systemctl=systemctl)
-    refuse_unsafe_dirs([(manager.root, 'root')])
+    refuse_unsafe_dirs([(manager.root, 'root'), (manager.path, 'root')])
     outcome = manager.ensure(params['state'], params['size'])
     result = dict(
         changed=outcome.changed,
