@@ -245,8 +245,10 @@ class Daemon:
         if multiuser:
             argv.append('-multiuser-server')
         if self.shm_dir:
-            # A private mount namespace in which the shared tmpfs is /dev/shm; -d's daemon lives on in it.
-            argv = [self.unshare_binary(), '--mount', '--propagation', 'private', '--', '/bin/sh', '-c',
+            # A mount namespace of its own in which the shared tmpfs is /dev/shm; -d's daemon lives on in it.
+            # slave, as systemd's BindPaths= has it: the host's unmounts still reach the namespace, so the
+            # daemon never pins a file system the host has let go of; its own bind never leaks back.
+            argv = [self.unshare_binary(), '--mount', '--propagation', 'slave', '--', '/bin/sh', '-c',
                     'mount --bind "$0" /dev/shm && exec "$@"', self.shm_dir] + argv
         ensure_dir(self.paths.pipe_dir, 0o755)
         ensure_dir(self.paths.log_dir, self.log_mode)
@@ -287,6 +289,20 @@ class Daemon:
             raise InvalidParameterError('shm', 'running the daemon with its own /dev/shm needs unshare (util-linux), '
                                         'which is not installed')
         return found
+
+    def check_shm_namespace(self) -> None:
+        """Can a daemon get a mount namespace with the tmpfs as /dev/shm here? Asked before anything is stopped."""
+        argv = [self.unshare_binary(), '--mount', '--propagation', 'slave', '--', '/bin/sh', '-c',
+                'mount --bind "$0" /dev/shm', str(self.shm_dir)]
+        try:
+            proc = subprocess.run(argv, env=daemon_env(self.paths, [], self.environ), capture_output=True, text=True,
+                                  timeout=self.start_timeout, stdin=subprocess.DEVNULL, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise InvalidParameterError('shm', 'cannot give the daemon %s as /dev/shm: %s' % (self.shm_dir, exc)) from exc
+        if proc.returncode != 0:
+            raise InvalidParameterError('shm', 'cannot give the daemon %s as /dev/shm in a mount namespace of its own '
+                                        '(needs root and CAP_SYS_ADMIN): %s' % (
+                                            self.shm_dir, (proc.stderr or proc.stdout).strip() or 'status %d' % proc.returncode))
 
     def wait_ready(self, replay: t.Sequence[str] = ()) -> t.List[Reply]:
         """Poll with backoff until the daemon answers; the answering session also carries ``replay``."""

@@ -22,7 +22,7 @@ from ._gpus import Gpu, Nvml, resolve_devices
 from ._io import atomic_write, ensure_dir, read_json, read_text, refuse_unsafe_dirs, remove, untraversable_parents
 from ._limits import read_persisted, read_replay, write_replay
 from ._root import ConfigPaths, ResourcePaths, managed_dirs, resource_paths, scan_resources
-from ._shm import SHM_DIR, mounted_at
+from ._shm import SHM_DIR, check_unit_path, mounted_at, shm_persisted
 from ._systemd import RESTART_ENV, SHM_DROPIN, Systemctl, instance_unit, parse_env, render_env, render_shm_dropin, render_unit, UNIT_DIR, UNIT_NAME
 
 COMPUTE_MODE_CHOICES = ('exclusive_process', 'default', 'unchanged')
@@ -137,6 +137,11 @@ class ResourceManager:
             if not self.check_mode:
                 raise InvalidParameterError('shm', message)
             self.pending_warnings.append(message + ' (check mode carries on)')
+        if shm and self.supervisor == 'systemd' and not shm_persisted(self.shm_dir, self.unit_dir):
+            self.pending_warnings.append(
+                '%s is mounted but neither a mount unit nor an fstab line brings it back at boot: the unit %s needs it '
+                '(RequiresMountsFor=, BindPaths=) and will fail to start after a reboot; mount it with '
+                'gpufleet.mps.mps_shm persist=systemd' % (self.shm_dir, self.unit))
         return Wanted(devices, multiuser, self.supervisor, compute_mode, enabled, shm)
 
     def describe(self, state: DaemonState, record: t.Optional[t.Dict[str, t.Any]]) -> t.Dict[str, t.Any]:
@@ -372,6 +377,13 @@ class ResourceManager:
         out.devices = [gpu.summary() for gpu in wanted.devices]
         self._repair_log_mode(out)
         differences = self._differences(wanted, current, record)
+        if wanted.shm and not self.check_mode and not (current.running and state == 'started' and not differences):
+            # A daemon is about to be (re)started with the tmpfs as /dev/shm: find out now, before the old one
+            # is stopped or a compute mode changed, whether that can work here.
+            if wanted.supervisor == 'systemd':
+                check_unit_path(self.shm_dir, 'root')
+            else:
+                self.daemon.check_shm_namespace()
         if current.running and state == 'started' and not differences:
             # Healthy and as wanted: only the compute mode may have drifted (it resets at reboot).
             self._set_compute_modes(wanted.devices, wanted.compute_mode, out)
@@ -403,18 +415,39 @@ class ResourceManager:
             self._clean_stale(out)
         self._start(wanted, out, restart=False)
 
+    def _env_restart_keys(self, wanted: Wanted) -> t.List[str]:
+        """The values the running daemon was started with that the environment file has otherwise than wanted.
+
+        Only these force a restart; the others (compute mode, timeouts, log mode, paths of helpers) are
+        rewritten in place and used from the next start.
+        """
+        current_env = parse_env(read_text(self.config.env_file) or '')
+        wanted_env = self._env_values(wanted)
+        return [key for key in RESTART_ENV if current_env.get(key) != wanted_env.get(key)]
+
     def _systemd_runs_as_wanted(self, wanted: Wanted) -> bool:
-        """The unit is active and was started from exactly the environment file wanted now."""
+        """The unit is active and was started with what is wanted now (the record was lost: /run at boot)."""
         if wanted.supervisor != 'systemd' or self.systemctl is None:
             return False
-        return not self._systemd_drift(wanted) and self.systemctl.is_active(self.unit)
+        return not self._env_restart_keys(wanted) and self.systemctl.is_active(self.unit)
+
+    def _shm_difference(self, wanted: Wanted, current: DaemonState) -> t.List[str]:
+        """What the daemon's own mount namespace says of its /dev/shm, against what is wanted."""
+        if not current.pid:
+            return []
+        seen = daemon_dev_shm(current.pid, self.shm_dir)
+        if wanted.shm and seen != self.shm_dir:
+            return ['the daemon does not see the current %s as its /dev/shm (mounted anew since it started?)' % self.shm_dir]
+        if not wanted.shm and seen == self.shm_dir:
+            return ['shm: the daemon uses %s as its /dev/shm' % self.shm_dir]
+        return []
 
     def _differences(self, wanted: Wanted, current: DaemonState, record: t.Optional[t.Dict[str, t.Any]]) -> t.List[str]:
         if not current.running:
             return []
         if record is None:
             if self._systemd_runs_as_wanted(wanted):
-                return []
+                return self._shm_difference(wanted, current)
             return ['no %s record for the running daemon' % os.path.basename(self.paths.started_file)]
         found = []
         want = wanted.record()
@@ -423,16 +456,12 @@ class ResourceManager:
                 found.append('%s: %s -> %s' % (key, record.get(key), want[key]))
         if bool(record.get('shm', False)) != wanted.shm:
             found.append('shm: %s -> %s' % (bool(record.get('shm', False)), wanted.shm))
-        elif wanted.shm and current.pid and daemon_dev_shm(current.pid, self.shm_dir) != self.shm_dir:
-            found.append('the daemon does not see the current %s as its /dev/shm (remounted since it started?)' % self.shm_dir)
+        else:
+            found += self._shm_difference(wanted, current)
         if wanted.supervisor == 'none' and record.get('pid') not in (None, current.pid):
             found.append('pid: the record names pid %s but pid %s runs' % (record.get('pid'), current.pid))
         if wanted.supervisor == 'systemd':
-            # Only what the running daemon was started with forces a restart; the other values (compute
-            # mode, timeouts, log mode, paths of helpers) are rewritten in place and used from the next start.
-            current_env = parse_env(read_text(self.config.env_file) or '')
-            wanted_env = self._env_values(wanted)
-            changed = [key for key in RESTART_ENV if current_env.get(key) != wanted_env.get(key)]
+            changed = self._env_restart_keys(wanted)
             if changed:
                 found.append('environment file %s differs in %s' % (self.config.env_file, ', '.join(changed)))
         return found

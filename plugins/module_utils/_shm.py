@@ -19,7 +19,7 @@ import subprocess
 import typing as t
 from dataclasses import dataclass, field
 
-from ._daemon import inspect
+from ._daemon import daemon_dev_shm, inspect
 from ._errors import InvalidParameterError, MpsError
 from ._io import atomic_write, ensure_dir, read_json, read_text, remove
 from ._root import resource_paths, scan_resources, systemd_instance, validate_root
@@ -29,7 +29,7 @@ SHM_DIR = 'shm'
 FLAGS = ('rw', 'nosuid', 'nodev', 'noexec')
 MODE = 0o1777
 SIZE_FORM = 'a percentage of RAM from 1% to 100% (e.g. "50%", the default) or a size with a k, m, g or t suffix (e.g. "16G")'
-FSTAB_MARK = '# gpufleet.mps: tmpfs for MPS clients in containers'
+FSTAB_MARK = '# gpufleet.mps: tmpfs shared by MPS daemons and container clients as /dev/shm:'
 UNIT_HEADER = '# Managed by the gpufleet.mps Ansible collection (mps_shm). Local changes are overwritten.'
 _UNITS = {'k': 1 << 10, 'm': 1 << 20, 'g': 1 << 30, 't': 1 << 40}
 
@@ -68,6 +68,8 @@ class MountEntry:
     source: str
     flags: t.List[str]
     super_options: t.Dict[str, str] = field(default_factory=dict)
+    device: str = ''
+    mount_root: str = '/'
 
 
 def _unescape(text: str) -> str:
@@ -86,16 +88,27 @@ def parse_mountinfo(text: str) -> t.List[MountEntry]:
         for item in rest[2].split(','):
             key, value = item.split('=', 1) if '=' in item else (item, '')
             options[key] = value
-        entries.append(MountEntry(_unescape(fields[4]), rest[0], _unescape(rest[1]), fields[5].split(','), options))
+        entries.append(MountEntry(_unescape(fields[4]), rest[0], _unescape(rest[1]), fields[5].split(','), options,
+                                  device=fields[2], mount_root=_unescape(fields[3])))
     return entries
+
+
+def real_path(path: str) -> str:
+    """``path`` with symbolic links of its parents resolved, as the kernel writes mount points."""
+    return os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
 
 
 def mounted_at(path: str, mountinfo: t.Optional[str] = None) -> t.Optional[MountEntry]:
     """The file system mounted on ``path`` (the topmost when mounts are stacked), or None."""
     text = mountinfo if mountinfo is not None else read_text('/proc/self/mountinfo') or ''
+    return _mounted_at(path, parse_mountinfo(text))
+
+
+def _mounted_at(path: str, entries: t.Sequence[MountEntry]) -> t.Optional[MountEntry]:
+    wanted = real_path(path)
     found = None
-    for entry in parse_mountinfo(text):
-        if entry.mount_point == path:
+    for entry in entries:
+        if entry.mount_point == wanted:
             found = entry
     return found
 
@@ -123,13 +136,24 @@ class ShmState:
 
 
 def current_state(path: str, pages: t.Optional[t.Tuple[int, int]] = None, mountinfo: t.Optional[str] = None) -> ShmState:
-    """The tmpfs on ``path`` as the kernel reports it (the kernel omits size= at its default, half of RAM)."""
-    entry = mounted_at(path, mountinfo)
+    """The tmpfs on ``path`` as the kernel reports it (the kernel omits size= at its default, half of RAM).
+
+    Anything but a tmpfs of its own - another file system, or a bind mount of some other tmpfs (a
+    resize would resize that one, e.g. the host's /dev/shm) - is refused.
+    """
+    text = mountinfo if mountinfo is not None else read_text('/proc/self/mountinfo') or ''
+    entries = parse_mountinfo(text)
+    entry = _mounted_at(path, entries)
     if entry is None:
         return ShmState(False)
     if entry.fstype != 'tmpfs':
         raise MpsError('%s is a mount point of a %s file system (%s), not a tmpfs; refusing to mount over it or '
                        'unmount it' % (path, entry.fstype, entry.source), path=path)
+    others = sorted({other.mount_point for other in entries if other.device == entry.device and other.mount_point != entry.mount_point})
+    if entry.mount_root != '/' or others:
+        raise MpsError('%s is a bind mount of a tmpfs that is also mounted elsewhere (%s); refusing to resize or unmount '
+                       'it - unmount it and let this module mount a tmpfs of its own' % (
+                           path, ', '.join(others) or 'its directory %s' % entry.mount_root), path=path)
     total, page = pages or memory_pages()
     size = entry.super_options.get('size')
     kib = int(size[:-1]) if size and size.endswith('k') and size[:-1].isdigit() else (total // 2) * page // 1024
@@ -142,6 +166,21 @@ def current_state(path: str, pages: t.Optional[t.Tuple[int, int]] = None, mounti
 
 def mount_options(kib: int) -> str:
     return ','.join(FLAGS) + ',size=%dk,mode=1777' % kib
+
+
+def shm_persisted(path: str, unit_dir: str, fstab: str = '/etc/fstab') -> bool:
+    """Whether a mount unit or an fstab line mounts ``path`` at boot."""
+    path = real_path(path)
+    return os.path.exists(os.path.join(unit_dir, mount_unit_name(path))) or bool(fstab_entries(read_text(fstab) or '', path))
+
+
+def check_unit_path(path: str, param: str) -> None:
+    """Refuse a path that a unit file cannot carry as written (specifiers, separators, name length)."""
+    if any(char.isspace() or char in '%:\\"\'' for char in path):
+        raise InvalidParameterError(param, '%r cannot be written into a systemd unit: use a root without spaces, quotes, '
+                                    '"%%", ":" or "\\"' % path)
+    if len(mount_unit_name(path)) > 255:
+        raise InvalidParameterError(param, 'the mount unit name for %s would be longer than 255 characters' % path)
 
 
 def render_mount_unit(path: str, kib: int) -> str:
@@ -164,37 +203,50 @@ def render_mount_unit(path: str, kib: int) -> str:
 
 
 def fstab_line(path: str, kib: int) -> str:
-    return 'tmpfs %s tmpfs %s 0 0' % (escape_fstab(path), mount_options(kib))
+    # X-mount.mkdir: at boot /run is empty, and only systemd's fstab generator creates mount points itself.
+    return 'tmpfs %s tmpfs %s,X-mount.mkdir 0 0' % (escape_fstab(path), mount_options(kib))
+
+
+def _fstab_mark(path: str) -> str:
+    return '%s %s' % (FSTAB_MARK, escape_fstab(path))
+
+
+def _is_entry_for(line: str, path: str) -> bool:
+    fields = line.split()
+    return len(fields) >= 2 and not fields[0].startswith('#') and os.path.normpath(_unescape(fields[1])) == path
+
+
+def fstab_entries(text: str, path: str) -> t.List[str]:
+    """The fstab lines that mount something on ``path``."""
+    return [line for line in text.splitlines() if _is_entry_for(line, path)]
 
 
 def fstab_edit(text: str, path: str, line: t.Optional[str]) -> str:
-    """``text`` with every entry for ``path`` (and our mark) replaced by ``line`` (removed when None)."""
-    out = []
-    placed = False
-    for current in text.splitlines():
-        fields = current.split()
-        if current.strip() == FSTAB_MARK:
-            continue
-        if fields and not fields[0].startswith('#') and len(fields) >= 2 and _unescape(fields[1]) == path:
-            if line is not None and not placed:
-                out += [FSTAB_MARK, line]
-                placed = True
-            continue
-        out.append(current)
-    if line is not None and not placed:
-        out += [FSTAB_MARK, line]
+    """``text`` with the entries for ``path`` (and their mark) replaced by ``line`` (removed when None).
+
+    Returns ``text`` itself when its entries for ``path`` are already exactly ``line``, so that a file
+    is rewritten only when an entry really changes.
+    """
+    if fstab_entries(text, path) == ([line] if line is not None else []):
+        return text
+    mark = _fstab_mark(path)
+    out = [current for current in text.splitlines() if current != mark and not _is_entry_for(current, path)]
+    if line is not None:
+        out += [mark, line]
     return '\n'.join(out) + '\n' if out else ''
 
 
 class Mounter:
     """``mount`` and ``umount`` (util-linux)."""
 
-    def __init__(self, mount: str = 'mount', umount: str = 'umount', timeout: float = 60) -> None:
+    def __init__(self, mount: t.Optional[str] = 'mount', umount: t.Optional[str] = 'umount', timeout: float = 60) -> None:
         self.mount_binary = mount
         self.umount_binary = umount
         self.timeout = timeout
 
-    def _run(self, argv: t.List[str], what: str) -> None:
+    def _run(self, argv: t.List[t.Optional[str]], what: str) -> None:
+        if argv[0] is None:
+            raise InvalidParameterError('state', '%s needs mount and umount (util-linux), which are not installed' % what)
         try:
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=self.timeout, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
@@ -207,7 +259,18 @@ class Mounter:
         self._run([self.mount_binary, '-t', 'tmpfs', '-o', mount_options(kib), 'tmpfs', path], 'mounting the tmpfs on %s' % path)
 
     def remount(self, path: str, kib: int) -> None:
-        self._run([self.mount_binary, '-o', 'remount,' + mount_options(kib), path], 'remounting the tmpfs on %s' % path)
+        try:
+            self._run([self.mount_binary, '-o', 'remount,' + mount_options(kib), path], 'remounting the tmpfs on %s' % path)
+        except MpsError as exc:
+            try:
+                usage = os.statvfs(path)
+                used = (usage.f_blocks - usage.f_bfree) * usage.f_frsize // 1024
+            except OSError:
+                raise exc from None
+            if used > kib:
+                raise InvalidParameterError('size', '%d KiB is less than the %d KiB the files in %s use now; the tmpfs was '
+                                            'left as it was (%s)' % (kib, used, path, exc.msg)) from exc
+            raise
 
     def umount(self, path: str) -> None:
         self._run([self.umount_binary, path], 'unmounting %s (is a container or process still using it?)' % path)
@@ -232,7 +295,9 @@ class ShmManager:
     def __init__(self, root: str, persist: str, fstab: str, unit_dir: str, check_mode: bool, mounter: Mounter,
                  pages: t.Optional[t.Tuple[int, int]] = None, systemctl: t.Optional[Systemctl] = None) -> None:
         self.root = validate_root(root)
-        self.path = os.path.join(self.root, SHM_DIR)
+        # The kernel names mount points by their real path: /var/run/nvidia/mps/shm is mounted as /run/...
+        self.given_path = os.path.join(self.root, SHM_DIR)
+        self.path = real_path(self.given_path)
         self.persist = persist
         self.fstab = validate_root(fstab, 'fstab')
         self.unit_path = os.path.join(unit_dir, mount_unit_name(self.path))
@@ -244,20 +309,30 @@ class ShmManager:
 
     def _persisted(self) -> t.Dict[str, t.Any]:
         fstab = read_text(self.fstab) or ''
-        return {'fstab': fstab_edit(fstab, self.path, None) != fstab, 'unit': os.path.exists(self.unit_path)}
+        return {'fstab': bool(fstab_entries(fstab, self.path)), 'unit': os.path.exists(self.unit_path)}
 
     def daemons_using(self) -> t.List[str]:
-        """Running daemons under the root that were started with this tmpfs as their /dev/shm."""
+        """Running daemons under the root whose /dev/shm is this tmpfs, as their own mount namespace shows it.
+
+        The ``.started`` record is only the fallback (/run loses it at boot, systemd restarts daemons
+        without it).
+        """
         users = []
         for name in scan_resources(self.root):
             paths = resource_paths(self.root, name)
+            state = inspect(paths)
+            if not state.running:
+                continue
+            seen = daemon_dev_shm(state.pid, self.path) if state.pid else None
             record = read_json(paths.started_file)
-            if isinstance(record, dict) and record.get('shm') and inspect(paths).running:
+            if seen == self.path or (seen is None and isinstance(record, dict) and record.get('shm')):
                 users.append(name)
         return users
 
     def ensure(self, state: str, size: object) -> ShmOutcome:
         kib = size_kib(size, self.pages) if state == 'mounted' else None
+        if kib is not None and self.persist == 'systemd':
+            check_unit_path(self.path, 'root')
         out = ShmOutcome()
         current = current_state(self.path, self.pages)
         users = self.daemons_using() if state == 'absent' and current.mounted else []

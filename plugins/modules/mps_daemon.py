@@ -85,7 +85,8 @@ options:
         tmpfs first with M(gpufleet.mps.mps_shm).
       - With V(false) the daemon uses the host's C(/dev/shm); a container client then needs the host's too (C(--ipc=host)
         or a bind mount of C(/dev/shm)).
-      - Changing it restarts the daemon; so does a remount of C(<root>/shm) under a running daemon that uses it.
+      - Changing it restarts the daemon; so does finding C(<root>/shm) mounted anew (unmounted and mounted again, not
+        resized) under a running daemon that uses it.
     type: bool
     default: false
     version_added: 0.2.0

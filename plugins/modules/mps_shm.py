@@ -106,7 +106,7 @@ EXAMPLES = r'''
 
 RETURN = r'''
 path:
-  description: The mount point, C(<root>/shm).
+  description: The mount point, C(<root>/shm) (symbolic links of the parents of O(root) resolved, as the kernel names it).
   returned: always
   type: str
   sample: /run/nvidia/mps/shm
@@ -143,9 +143,10 @@ actions:
   sample: ['mount a tmpfs of 65872896 KiB on /run/nvidia/mps/shm', 'write /etc/systemd/system/run-nvidia-mps-shm.mount']
 '''
 
+import os
 import shutil
 
-from ansible_collections.gpufleet.mps.plugins.module_utils._errors import InvalidParameterError
+from ansible_collections.gpufleet.mps.plugins.module_utils._errors import InvalidParameterError, UnsafePathError
 from ansible_collections.gpufleet.mps.plugins.module_utils._io import refuse_unsafe_dirs
 from ansible_collections.gpufleet.mps.plugins.module_utils._module import run_module
 from ansible_collections.gpufleet.mps.plugins.module_utils._shm import Mounter, ShmManager, mount_options, size_kib
@@ -171,18 +172,20 @@ def run(module):
         persist = 'systemd' if systemd_is_pid1() else 'fstab'
     systemctl = None
     systemctl_path = shutil.which('systemctl')
-    if persist == 'systemd' and not (systemctl_path and systemd_is_pid1()):
+    if params['state'] == 'mounted' and persist == 'systemd' and not (systemctl_path and systemd_is_pid1()):
         # A mount unit that cannot be enabled would not bring the tmpfs back at boot: say so instead.
         raise InvalidParameterError('persist', 'systemd was asked for but %s; use persist=fstab (or auto)' % (
             'systemctl is not installed' if not systemctl_path else 'systemd is not running as PID 1 here'))
     if systemctl_path and systemd_is_pid1():
         systemctl = Systemctl(systemctl_path)
-    mount, umount = shutil.which('mount'), shutil.which('umount')
-    if not mount or not umount:
-        raise InvalidParameterError('state', 'mount and umount (util-linux) must be installed')
-    manager = ShmManager(params['root'], persist, params['fstab'], UNIT_DIR, module.check_mode, Mounter(mount, umount),
-                         systemctl=systemctl)
-    refuse_unsafe_dirs([(manager.root, 'root'), (manager.path, 'root')])
+    # Found lazily: a teardown of a host that never had the tmpfs needs neither.
+    mounter = Mounter(shutil.which('mount'), shutil.which('umount'))
+    manager = ShmManager(params['root'], persist, params['fstab'], UNIT_DIR, module.check_mode, mounter, systemctl=systemctl)
+    refuse_unsafe_dirs([(manager.root, 'root')])
+    if os.path.islink(manager.given_path):
+        # Its mode is this module's to repair (1777), so only a symbolic link is refused here.
+        raise UnsafePathError('root: %s is a symbolic link (to %s); refusing to mount through it' % (
+            manager.given_path, os.readlink(manager.given_path)), path=manager.given_path, param='root')
     outcome = manager.ensure(params['state'], params['size'])
     result = dict(
         changed=outcome.changed,

@@ -30,11 +30,12 @@ def _wanted(**overrides):
     return Wanted(**values)
 
 
-RUNNING = DaemonState(running=True, pid=1234, pid_file_pid=1234)
+# A pid that cannot exist (above any pid_max): its /proc/<pid>/root/dev/shm cannot be read.
+RUNNING = DaemonState(running=True, pid=99999999, pid_file_pid=99999999)
 
 
 def _record(wanted):
-    return dict(wanted.record(), pid=1234)
+    return dict(wanted.record(), pid=99999999)
 
 
 def _write_env(manager, wanted, **changes):
@@ -87,3 +88,35 @@ def test_shm_adds_a_dropin_and_dropping_shm_removes_it(manager):
     assert 'BindPaths=%s/shm:/dev/shm' % manager.paths.root in files[manager.dropin_path]
     assert manager._systemd_files(_wanted())[manager.dropin_path] is None
     assert manager.dropin_path.endswith('gpufleet-mps@train.service.d/gpufleet-shm.conf')
+
+
+class ActiveUnit:
+    """systemctl for a unit that is active."""
+
+    def is_active(self, unit):
+        return True
+
+
+@pytest.mark.parametrize('changes', [{'MPS_LOG_MODE': None}, {'MPS_STOP_TIMEOUT': '5'}, {'MPS_COMPUTE_MODE': 'DEFAULT'}])
+def test_after_a_reboot_without_record_only_restart_values_count(manager, changes):
+    # /run lost the .started record; systemd started the daemon from an environment file written by an
+    # older version or with other timeouts: no restart, the files are rewritten in place.
+    manager.systemctl = ActiveUnit()
+    wanted = _wanted()
+    _write_env(manager, wanted, **changes)
+    assert manager._differences(wanted, RUNNING, None) == []
+
+
+def test_after_a_reboot_without_record_a_restart_value_still_restarts(manager):
+    manager.systemctl = ActiveUnit()
+    wanted = _wanted()
+    _write_env(manager, wanted, CUDA_VISIBLE_DEVICES='GPU-a')
+    assert manager._differences(wanted, RUNNING, None) == ['no .started record for the running daemon']
+
+
+def test_a_daemon_whose_dev_shm_cannot_be_seen_is_restarted_only_when_shm_is_wanted(manager):
+    wanted = _wanted(shm=True)
+    _write_env(manager, wanted)
+    assert manager._differences(wanted, RUNNING, _record(wanted)) == [
+        'the daemon does not see the current %s/shm as its /dev/shm (mounted anew since it started?)' % manager.paths.root]
+    assert manager._differences(_wanted(), RUNNING, _record(_wanted())) == []

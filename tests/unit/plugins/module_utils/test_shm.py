@@ -56,14 +56,64 @@ def test_another_file_system_on_the_path_is_refused():
 
 
 def test_fstab_edit_replaces_only_our_entry_and_keeps_the_rest():
-    text = 'UUID=a / ext4 defaults 0 1\n# a comment\ntmpfs /run/nvidia/mps/shm tmpfs size=1G 0 0\n'
+    text = 'UUID=a / ext4 defaults 0 1\n# a comment\ntmpfs /run/nvidia/mps/shm/ tmpfs size=1G 0 0\n'
     line = _shm.fstab_line('/run/nvidia/mps/shm', 65536)
+    assert line.endswith('mode=1777,X-mount.mkdir 0 0')
     edited = _shm.fstab_edit(text, '/run/nvidia/mps/shm', line)
-    assert edited.splitlines() == ['UUID=a / ext4 defaults 0 1', '# a comment', _shm.FSTAB_MARK, line]
-    assert _shm.fstab_edit(edited, '/run/nvidia/mps/shm', line) == edited
+    mark = _shm.FSTAB_MARK + ' /run/nvidia/mps/shm'
+    assert edited.splitlines() == ['UUID=a / ext4 defaults 0 1', '# a comment', mark, line]
+    assert _shm.fstab_edit(edited, '/run/nvidia/mps/shm', line) is edited
     assert _shm.fstab_edit(edited, '/run/nvidia/mps/shm', None) == 'UUID=a / ext4 defaults 0 1\n# a comment\n'
-    assert _shm.fstab_line('/a b/shm', 4) == 'tmpfs /a\\040b/shm tmpfs rw,nosuid,nodev,noexec,size=4k,mode=1777 0 0'
+    assert _shm.fstab_line('/a b/shm', 4) == 'tmpfs /a\\040b/shm tmpfs rw,nosuid,nodev,noexec,size=4k,mode=1777,X-mount.mkdir 0 0'
     assert _shm.fstab_edit(_shm.fstab_edit('', '/a b/shm', _shm.fstab_line('/a b/shm', 4)), '/a b/shm', None) == ''
+
+
+def test_fstab_entries_of_two_roots_leave_each_other_alone():
+    one = _shm.fstab_edit('', '/srv/a/shm', _shm.fstab_line('/srv/a/shm', 4))
+    both = _shm.fstab_edit(one, '/srv/b/shm', _shm.fstab_line('/srv/b/shm', 8))
+    assert _shm.fstab_edit(both, '/srv/a/shm', _shm.fstab_line('/srv/a/shm', 4)) is both
+    assert _shm.fstab_edit(both, '/srv/b/shm', None) == one
+
+
+def test_an_fstab_without_our_entry_is_never_rewritten_even_without_a_final_newline():
+    text = 'UUID=a / ext4 defaults 0 1'
+    assert _shm.fstab_edit(text, '/run/nvidia/mps/shm', None) is text
+
+
+def test_a_bind_mount_of_another_tmpfs_is_refused():
+    info = ('30 1 0:30 / /dev/shm rw,nosuid,nodev - tmpfs tmpfs rw\n'
+            '66 22 0:30 / /run/nvidia/mps/shm rw,nosuid,nodev,noexec - tmpfs tmpfs rw\n'
+            '67 22 0:31 /sub /srv/x/shm rw - tmpfs tmpfs rw\n')
+    with pytest.raises(MpsError, match=r'is a bind mount of a tmpfs that is also mounted elsewhere \(/dev/shm\)'):
+        _shm.current_state('/run/nvidia/mps/shm', PAGES, info)
+    with pytest.raises(MpsError, match='its directory /sub'):
+        _shm.current_state('/srv/x/shm', PAGES, info)
+
+
+def test_symbolic_links_in_the_parents_are_resolved_as_the_kernel_names_mount_points(tmp_path):
+    (tmp_path / 'run').mkdir()
+    os.symlink(tmp_path / 'run', tmp_path / 'varrun')
+    assert _shm.real_path(str(tmp_path / 'varrun' / 'shm')) == str(tmp_path / 'run' / 'shm')
+    info = '66 22 0:40 / %s rw,nosuid - tmpfs tmpfs rw\n' % (tmp_path / 'run' / 'shm')
+    assert _shm.mounted_at(str(tmp_path / 'varrun' / 'shm'), info) is not None
+
+
+@pytest.mark.parametrize('path', ['/a b/shm', '/a%n/shm', '/a:b/shm', '/%s/shm' % ('x' * 300)])
+def test_paths_a_unit_file_cannot_carry_are_refused_naming_root(path):
+    with pytest.raises(InvalidParameterError, match='^root: '):
+        _shm.check_unit_path(path, 'root')
+
+
+def test_shm_persisted_finds_the_unit_or_the_fstab_line(tmp_path):
+    path = str(tmp_path / 'root' / 'shm')
+    fstab = tmp_path / 'fstab'
+    fstab.write_text('')
+    assert not _shm.shm_persisted(path, str(tmp_path), str(fstab))
+    fstab.write_text(_shm.fstab_line(path, 4) + '\n')
+    assert _shm.shm_persisted(path, str(tmp_path), str(fstab))
+    fstab.write_text('')
+    (tmp_path / _shm.mount_unit_name(path)).write_text('x')
+    assert _shm.shm_persisted(path, str(tmp_path), str(fstab))
 
 
 @pytest.mark.parametrize('path, unit', [
