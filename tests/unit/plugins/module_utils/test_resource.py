@@ -8,7 +8,8 @@ import types
 import pytest
 
 from ansible_collections.gpufleet.mps.plugins.module_utils._daemon import DaemonState
-from ansible_collections.gpufleet.mps.plugins.module_utils._resource import ResourceManager, Wanted
+from ansible_collections.gpufleet.mps.plugins.module_utils._errors import InvalidParameterError
+from ansible_collections.gpufleet.mps.plugins.module_utils._resource import Outcome, ResourceManager, Wanted
 from ansible_collections.gpufleet.mps.plugins.module_utils._root import config_paths, resource_paths
 from ansible_collections.gpufleet.mps.plugins.module_utils._systemd import RESTART_ENV, parse_env, render_env
 
@@ -23,8 +24,12 @@ def manager(tmp_path):
                            unit_dir=str(tmp_path / 'units'))
 
 
+def _gpu(uuid):
+    return types.SimpleNamespace(uuid=uuid, summary=lambda: {'uuid': uuid})
+
+
 def _wanted(**overrides):
-    values = dict(devices=[types.SimpleNamespace(uuid='GPU-a'), types.SimpleNamespace(uuid='GPU-b')], multiuser=False,
+    values = dict(devices=[_gpu('GPU-a'), _gpu('GPU-b')], multiuser=False,
                   supervisor='systemd', compute_mode='exclusive_process', enabled=True)
     values.update(overrides)
     return Wanted(**values)
@@ -120,3 +125,36 @@ def test_a_daemon_whose_dev_shm_cannot_be_seen_is_restarted_only_when_shm_is_wan
     assert manager._differences(wanted, RUNNING, _record(wanted)) == [
         'the daemon does not see the current %s/shm as its /dev/shm (mounted anew since it started?)' % manager.paths.root]
     assert manager._differences(_wanted(), RUNNING, _record(_wanted())) == []
+
+
+class NoNamespaceDaemon(types.SimpleNamespace):
+    """A daemon that cannot get a mount namespace here (no CAP_SYS_ADMIN), and records any stop."""
+
+    def check_shm_namespace(self):
+        raise InvalidParameterError('shm', 'cannot give the daemon /x/shm as /dev/shm in a mount namespace of its own')
+
+    def stop(self, pid):
+        self.stopped.append(pid)
+
+
+def test_a_daemon_that_cannot_get_its_namespace_is_refused_before_the_running_one_is_stopped(tmp_path):
+    paths = resource_paths(str(tmp_path / 'root'), 'train')
+    config = config_paths(str(tmp_path / 'etc'), 'train')
+    daemon = NoNamespaceDaemon(binary='/bin/true', log_mode=0o700, start_timeout=30, stop_timeout=30, stopped=[])
+    manager = ResourceManager(paths, config, daemon, nvml=None, supervisor='none', check_mode=False)
+    wanted = _wanted(supervisor='none', shm=True)
+    record = dict(_wanted(supervisor='none').record(), pid=RUNNING.pid)
+    with pytest.raises(InvalidParameterError, match='^shm: cannot give the daemon'):
+        manager._ensure_running('started', wanted, RUNNING, record, Outcome())
+    assert daemon.stopped == []
+
+
+def test_a_systemd_root_that_a_drop_in_cannot_carry_is_refused_before_anything_is_stopped(tmp_path):
+    paths = resource_paths(str(tmp_path / 'a:b'), 'train')
+    config = config_paths(str(tmp_path / 'etc'), 'train')
+    daemon = NoNamespaceDaemon(binary='/bin/true', log_mode=0o700, start_timeout=30, stop_timeout=30, stopped=[])
+    manager = ResourceManager(paths, config, daemon, nvml=None, supervisor='systemd', check_mode=False)
+    wanted = _wanted(shm=True)
+    with pytest.raises(InvalidParameterError, match='^root: .* cannot be written into a systemd unit'):
+        manager._ensure_running('started', wanted, RUNNING, dict(_wanted().record(), pid=RUNNING.pid), Outcome())
+    assert daemon.stopped == []
