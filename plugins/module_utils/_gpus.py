@@ -186,6 +186,10 @@ class Nvml:
             self._gpus = gpus
         return self._gpus
 
+    def refresh(self) -> None:
+        """Forget what was read: the next :meth:`gpus` asks NVML again (another run may have changed modes)."""
+        self._gpus = None
+
     def set_compute_mode(self, gpu: Gpu, mode: str) -> None:
         """Set ``mode`` (a key of COMPUTE_MODES) on ``gpu``."""
         try:

@@ -332,6 +332,12 @@ class ResourceManager:
         if self.check_mode:
             return self._ensure(state, wanted)
         with self.daemon.lock():
+            # What was read before the lock may be stale: a concurrent run on this resource may just have
+            # set the compute modes. Read the GPUs again under the lock, so only one run reports the change.
+            self.nvml.refresh()
+            if wanted is not None:
+                by_uuid = {gpu.uuid: gpu for gpu in self.nvml.gpus()}
+                wanted.devices = [by_uuid.get(gpu.uuid, gpu) for gpu in wanted.devices]
             return self._ensure(state, wanted)
 
     def _ensure(self, state: str, wanted: t.Optional[Wanted]) -> Outcome:

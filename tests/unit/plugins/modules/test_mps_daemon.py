@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 
 from ansible.module_utils.testing import patch_module_args
 
+from ansible_collections.gpufleet.mps.plugins.module_utils import _resource
 from ansible_collections.gpufleet.mps.plugins.modules import mps_daemon
 
 
@@ -56,3 +58,31 @@ def test_start_noop_and_stop_through_main(simhost, capsys):
     stopped = run_module(dict(common, state='stopped'), capsys)
     assert stopped['changed'] and stopped['pid'] is None
     assert not (simhost / 'root' / 'nvidia.com' / 'gpu' / '.started').exists()
+
+
+def test_a_concurrent_run_that_changed_the_compute_mode_is_seen_under_the_lock(simhost, capsys, monkeypatch):
+    # Run A reads the GPUs, then run B (simulated here) sets EXCLUSIVE_PROCESS and starts the daemon while A
+    # waits for the resource lock. A must judge by what NVML says under the lock: nothing left to change.
+    common = {
+        'name': 'race',
+        'root': str(simhost / 'root'),
+        'config_dir': str(simhost / 'etc'),
+        'control_binary': str(simhost / 'host' / 'bin' / 'nvidia-cuda-mps-control'),
+        'supervisor': 'none',
+        'devices': [0],
+        'stop_timeout': 5,
+    }
+    started = run_module(common, capsys)
+    assert started['changed']
+    subprocess.run([str(simhost / 'host' / 'bin' / 'nvidia-smi'), '-i', '0', '-c', 'DEFAULT'], check=True, capture_output=True)
+    original = _resource.ResourceManager.wanted
+
+    def wanted_then_other_run(self, *args, **kwargs):
+        wanted = original(self, *args, **kwargs)  # GPU 0 read as DEFAULT
+        subprocess.run([str(simhost / 'host' / 'bin' / 'nvidia-smi'), '-i', '0', '-c', 'EXCLUSIVE_PROCESS'], check=True,
+                       capture_output=True)
+        return wanted
+
+    monkeypatch.setattr(_resource.ResourceManager, 'wanted', wanted_then_other_run)
+    again = run_module(common, capsys)
+    assert not again['changed'], again['actions']
