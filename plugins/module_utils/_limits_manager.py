@@ -171,6 +171,16 @@ class LimitsManager:
             raise InvalidParameterError('active_thread_percentage', 'give at least one of active_thread_percentage, '
                                         'pinned_device_mem_limit or replicas')
         refuse_unsafe_dirs(managed_dirs(self.paths, self.config.config_dir))
+        # Every check raises here, before the lock creates anything; under the lock the state is read again,
+        # so that a concurrent mps_daemon or mps_limits run on this resource is seen whole or not at all.
+        self.wanted(self.scope(create)[0], percentage, mem, replicas)
+        if self.check_mode or self.daemon is None:
+            return self._ensure(percentage, mem, replicas, running_servers, persist_limits, create)
+        with self.daemon.lock():
+            return self._ensure(percentage, mem, replicas, running_servers, persist_limits, create)
+
+    def _ensure(self, percentage: t.Any, mem: t.Any, replicas: t.Any, running_servers: str, persist_limits: bool,
+                create: bool) -> LimitsOutcome:
         scope, running, pid = self.scope(create)
         wanted = self.wanted(scope, percentage, mem, replicas)
         persisted = read_persisted(self.config)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import types
 
 import pytest
 
@@ -147,3 +148,37 @@ def test_replay_file_refuses_anything_but_limit_commands(tmp_path):
     (tmp_path / 'r.limits').write_text('set_default_active_thread_percentage 25;quit\n')
     with pytest.raises(InvalidParameterError):
         _limits.read_replay(config)
+
+
+class RecordingLock:
+    """A resource lock that records whether it is held."""
+
+    def __init__(self):
+        self.held = False
+
+    def __enter__(self):
+        self.held = True
+        return self
+
+    def __exit__(self, *exc_info):
+        self.held = False
+
+
+def test_the_state_acted_on_is_read_under_the_resource_lock(tmp_path):
+    # Checks run before the lock (they create nothing); what is applied and persisted is judged from state read
+    # again under it, so a concurrent mps_daemon or mps_limits run on the resource is seen whole or not at all.
+    lock = RecordingLock()
+    daemon = types.SimpleNamespace(lock=lambda: lock, client=types.SimpleNamespace(processes=0))
+    limits = LimitsManager(resource_paths(str(tmp_path / 'root'), 'train'), config_paths(str(tmp_path / 'etc'), 'train'),
+                           daemon, [gpu(0, 'Tesla T4', 15360)], check_mode=False)
+    seen = []
+    original = limits.scope
+
+    def scope(create):
+        seen.append(lock.held)
+        return original(create)
+
+    limits.scope = scope
+    out = limits.ensure(None, None, 4, 'ignore', True, create=True)
+    assert seen == [False, True]
+    assert out.persisted and not lock.held
