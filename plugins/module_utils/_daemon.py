@@ -248,8 +248,7 @@ class Daemon:
             # A mount namespace of its own in which the shared tmpfs is /dev/shm; -d's daemon lives on in it.
             # slave, as systemd's BindPaths= has it: the host's unmounts still reach the namespace, so the
             # daemon never pins a file system the host has let go of; its own bind never leaks back.
-            argv = [self.unshare_binary(), '--mount', '--propagation', 'slave', '--', '/bin/sh', '-c',
-                    'mount --bind "$0" /dev/shm && exec "$@"', self.shm_dir] + argv
+            argv = self._in_shm_namespace(' && exec "$@"') + argv
         ensure_dir(self.paths.pipe_dir, 0o755)
         ensure_dir(self.paths.log_dir, self.log_mode)
         try:
@@ -290,10 +289,14 @@ class Daemon:
                                         'which is not installed')
         return found
 
+    def _in_shm_namespace(self, then: str) -> t.List[str]:
+        """A command line that binds the tmpfs on /dev/shm in a new mount namespace, then runs ``then``."""
+        return [self.unshare_binary(), '--mount', '--propagation', 'slave', '--', '/bin/sh', '-c',
+                'mount --bind "$0" /dev/shm' + then, str(self.shm_dir)]
+
     def check_shm_namespace(self) -> None:
         """Can a daemon get a mount namespace with the tmpfs as /dev/shm here? Asked before anything is stopped."""
-        argv = [self.unshare_binary(), '--mount', '--propagation', 'slave', '--', '/bin/sh', '-c',
-                'mount --bind "$0" /dev/shm', str(self.shm_dir)]
+        argv = self._in_shm_namespace('')
         try:
             proc = subprocess.run(argv, env=daemon_env(self.paths, [], self.environ), capture_output=True, text=True,
                                   timeout=self.start_timeout, stdin=subprocess.DEVNULL, check=False)

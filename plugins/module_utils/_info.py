@@ -29,8 +29,8 @@ from ._errors import DaemonTimeoutError, InvalidParameterError, MpsError, NvmlEr
 from ._gpus import ENUMERATION_WARNING, MPS_ENUMERATION_VAR, Gpu, Nvml
 from ._io import read_json, untraversable_parents
 from ._limits import Limits, parse_readback, percentage_matches, read_persisted, readback_matches
-from ._root import DEFAULT_CONTAINER_ROOT, ResourcePaths, config_paths, container_view, resource_paths, scan_resources, validate_root
-from ._shm import SHM_DIR, current_state
+from ._root import DEFAULT_CONTAINER_ROOT, SHM_DIR, ResourcePaths, config_paths, container_view, resource_paths, scan_resources, validate_root
+from ._shm import current_state
 
 GATHER_CHOICES = ('gpus', 'daemons', 'servers')
 SERVER_STATES = ('INITIALIZING', 'ACTIVE', 'FAULT')
@@ -318,12 +318,10 @@ class Collector:
             'shm': bool(record.get('shm', False)),
             'container': None,
         }
-        shm_dir = os.path.join(paths.root, SHM_DIR)
-        if state.running and state.pid:
-            # What the daemon really sees beats the record, which /run loses at boot.
-            seen = daemon_dev_shm(state.pid, shm_dir)
-            if seen is not None:
-                facts['shm'] = seen == shm_dir
+        # What the daemon really sees beats the record, which /run loses at boot.
+        seen = daemon_dev_shm(state.pid, paths.shm_dir) if state.running and state.pid else None
+        if seen is not None:
+            facts['shm'] = seen == paths.shm_dir
         try:
             facts['container'] = container_view(paths, self.request.container_root, facts['shm'])
         except InvalidParameterError as exc:
@@ -336,10 +334,10 @@ class Collector:
                                      paths.name, _last_pid(paths), ', '.join(state.leftovers)))
             return facts
         self._warn_compute_modes(paths, devices, by_uuid, nvml_available)
-        if record.get('shm') and state.pid and daemon_dev_shm(state.pid, shm_dir) != shm_dir:
+        if record.get('shm') and state.pid and seen != paths.shm_dir:
             self.warnings.append('the MPS control daemon of %s (pid %d) was started with shm=true but does not see %s as its '
                                  '/dev/shm (remounted since it started?): container clients cannot reach its servers; '
-                                 'gpufleet.mps.mps_daemon restarts it' % (paths.name, state.pid, shm_dir))
+                                 'gpufleet.mps.mps_daemon restarts it' % (paths.name, state.pid, paths.shm_dir))
         blocked = untraversable_parents(paths.pipe_dir)
         if blocked:
             self.warnings.append('%s cannot be traversed by other users: MPS clients of %s that do not run as root '

@@ -22,7 +22,7 @@ from ._gpus import Gpu, Nvml, resolve_devices
 from ._io import atomic_write, ensure_dir, read_json, read_text, refuse_unsafe_dirs, remove, untraversable_parents
 from ._limits import read_persisted, read_replay, write_replay
 from ._root import ConfigPaths, ResourcePaths, managed_dirs, resource_paths, scan_resources
-from ._shm import SHM_DIR, check_unit_path, mounted_at, shm_persisted
+from ._shm import check_unit_path, mounted_at, shm_persisted
 from ._systemd import RESTART_ENV, SHM_DROPIN, Systemctl, instance_unit, parse_env, render_env, render_shm_dropin, render_unit, UNIT_DIR, UNIT_NAME
 
 COMPUTE_MODE_CHOICES = ('exclusive_process', 'default', 'unchanged')
@@ -112,10 +112,6 @@ class ResourceManager:
         return owners
 
     @property
-    def shm_dir(self) -> str:
-        return os.path.join(self.paths.root, SHM_DIR)
-
-    @property
     def dropin_path(self) -> str:
         return os.path.join(self.unit_dir, '%s.d' % self.unit, SHM_DROPIN)
 
@@ -131,17 +127,17 @@ class ResourceManager:
         if taken:
             raise DeviceSelectionError('devices: %s already used by another MPS daemon under %s' % (
                 '; '.join('GPU %d (%s) by resource %r' % (gpu.index, gpu.uuid, owner) for gpu, owner in taken), self.paths.root))
-        if shm and mounted_at(self.shm_dir) is None:
+        if shm and mounted_at(self.paths.shm_dir) is None:
             message = ('%s does not exist or is not mounted: mount the shared tmpfs with gpufleet.mps.mps_shm before '
-                       'starting daemons with shm=true' % self.shm_dir)
+                       'starting daemons with shm=true' % self.paths.shm_dir)
             if not self.check_mode:
                 raise InvalidParameterError('shm', message)
             self.pending_warnings.append(message + ' (check mode carries on)')
-        if shm and self.supervisor == 'systemd' and not shm_persisted(self.shm_dir, self.unit_dir):
+        if shm and self.supervisor == 'systemd' and not shm_persisted(self.paths.shm_dir, self.unit_dir):
             self.pending_warnings.append(
                 '%s is mounted but neither a mount unit nor an fstab line brings it back at boot: the unit %s needs it '
                 '(RequiresMountsFor=, BindPaths=) and will fail to start after a reboot; mount it with '
-                'gpufleet.mps.mps_shm persist=systemd' % (self.shm_dir, self.unit))
+                'gpufleet.mps.mps_shm persist=systemd' % (self.paths.shm_dir, self.unit))
         return Wanted(devices, multiuser, self.supervisor, compute_mode, enabled, shm)
 
     def describe(self, state: DaemonState, record: t.Optional[t.Dict[str, t.Any]]) -> t.Dict[str, t.Any]:
@@ -172,7 +168,7 @@ class ResourceManager:
         return {
             os.path.join(self.unit_dir, UNIT_NAME): render_unit(self.config.config_dir, int(self.daemon.start_timeout), self.daemon.stop_timeout),
             self.config.env_file: render_env(self.paths.name, self._env_values(wanted)),
-            self.dropin_path: render_shm_dropin(self.shm_dir) if wanted.shm else None,
+            self.dropin_path: render_shm_dropin(self.paths.shm_dir) if wanted.shm else None,
         }
 
     def _systemd_drift(self, wanted: Wanted) -> t.List[str]:
@@ -387,7 +383,7 @@ class ResourceManager:
             # A daemon is about to be (re)started with the tmpfs as /dev/shm: find out now, before the old one
             # is stopped or a compute mode changed, whether that can work here.
             if wanted.supervisor == 'systemd':
-                check_unit_path(self.shm_dir, 'root')
+                check_unit_path(self.paths.shm_dir, 'root')
             else:
                 self.daemon.check_shm_namespace()
         if current.running and state == 'started' and not differences:
@@ -441,11 +437,11 @@ class ResourceManager:
         """What the daemon's own mount namespace says of its /dev/shm, against what is wanted."""
         if not current.pid:
             return []
-        seen = daemon_dev_shm(current.pid, self.shm_dir)
-        if wanted.shm and seen != self.shm_dir:
-            return ['the daemon does not see the current %s as its /dev/shm (mounted anew since it started?)' % self.shm_dir]
-        if not wanted.shm and seen == self.shm_dir:
-            return ['shm: the daemon uses %s as its /dev/shm' % self.shm_dir]
+        seen = daemon_dev_shm(current.pid, self.paths.shm_dir)
+        if wanted.shm and seen != self.paths.shm_dir:
+            return ['the daemon does not see the current %s as its /dev/shm (mounted anew since it started?)' % self.paths.shm_dir]
+        if not wanted.shm and seen == self.paths.shm_dir:
+            return ['shm: the daemon uses %s as its /dev/shm' % self.paths.shm_dir]
         return []
 
     def _differences(self, wanted: Wanted, current: DaemonState, record: t.Optional[t.Dict[str, t.Any]]) -> t.List[str]:

@@ -27,6 +27,7 @@ DEFAULT_CONFIG_DIR = '/etc/gpufleet-mps'
 # sizeof(sockaddr_un.sun_path) is 108 on Linux, including the terminating NUL.
 MAX_SOCKET_PATH_BYTES = 107
 CONTROL_SOCKET = 'control'
+SHM_DIR = 'shm'
 # The daemon's log directory: control.log names every client's pid and uid and every command; root
 # only unless asked. Servers never write there themselves (they log through the <pipe>/log FIFO).
 DEFAULT_LOG_MODE = 0o700
@@ -50,6 +51,11 @@ class ResourcePaths:
     log_dir: str
     started_file: str
     control_socket: str
+
+    @property
+    def shm_dir(self) -> str:
+        """``<root>/shm``, the tmpfs daemons with ``shm=true`` and their container clients use as /dev/shm."""
+        return os.path.join(self.root, SHM_DIR)
 
     def client_env(self) -> dict[str, str]:
         """The environment a CUDA client needs to reach this resource's daemon."""
@@ -145,7 +151,7 @@ def container_view(paths: ResourcePaths, container_root: object = DEFAULT_CONTAI
     if len(control.encode('utf-8')) > MAX_SOCKET_PATH_BYTES:
         raise InvalidParameterError(param, 'the control socket %s would be %d bytes long inside the container; a unix '
                                     'socket path holds at most %d bytes' % (control, len(control.encode('utf-8')), MAX_SOCKET_PATH_BYTES))
-    shm_source = os.path.join(paths.root, 'shm') if shm else HOST_DEV_SHM
+    shm_source = paths.shm_dir if shm else HOST_DEV_SHM
     return {
         'root': croot,
         'pipe_dir': pipe_dir,
@@ -204,7 +210,7 @@ def scan_resources(root: str) -> t.List[str]:
         return names
     for top in first:
         top_dir = os.path.join(root, top)
-        if top.startswith('.') or top == 'shm' or os.path.islink(top_dir) or not os.path.isdir(top_dir):
+        if top.startswith('.') or top == SHM_DIR or os.path.islink(top_dir) or not os.path.isdir(top_dir):
             continue
         if _is_resource_dir(top_dir):
             names.append(top)

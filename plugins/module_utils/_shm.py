@@ -22,20 +22,15 @@ from dataclasses import dataclass, field
 from ._daemon import daemon_dev_shm, inspect
 from ._errors import InvalidParameterError, MpsError
 from ._io import atomic_write, ensure_dir, read_json, read_text, remove
-from ._root import resource_paths, scan_resources, systemd_instance, validate_root
+from ._root import SHM_DIR, resource_paths, scan_resources, systemd_instance, validate_root
 from ._systemd import Systemctl
 
-SHM_DIR = 'shm'
 FLAGS = ('rw', 'nosuid', 'nodev', 'noexec')
 MODE = 0o1777
 SIZE_FORM = 'a percentage of RAM from 1% to 100% (e.g. "50%", the default) or a size with a k, m, g or t suffix (e.g. "16G")'
 FSTAB_MARK = '# gpufleet.mps: tmpfs shared by MPS daemons and container clients as /dev/shm:'
 UNIT_HEADER = '# Managed by the gpufleet.mps Ansible collection (mps_shm). Local changes are overwritten.'
 _UNITS = {'k': 1 << 10, 'm': 1 << 20, 'g': 1 << 30, 't': 1 << 40}
-
-
-def shm_path(root: str) -> str:
-    return os.path.join(validate_root(root), SHM_DIR)
 
 
 def memory_pages() -> t.Tuple[int, int]:

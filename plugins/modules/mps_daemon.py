@@ -296,7 +296,7 @@ def run(module):
         systemctl = Systemctl(systemctl_path)
         nvidia_smi = shutil.which('nvidia-smi') or '/usr/bin/nvidia-smi'
     daemon = Daemon(paths, binary, start_timeout=params['start_timeout'], stop_timeout=params['stop_timeout'],
-                    log_mode=log_mode, shm_dir=container['mounts'][1]['source'] if params['shm'] else None)
+                    log_mode=log_mode, shm_dir=paths.shm_dir if params['shm'] else None)
 
     with Nvml() as nvml:
         manager = ResourceManager(paths, config, daemon, nvml, supervisor, module.check_mode,
