@@ -20,7 +20,8 @@ options:
     description:
       - Absolute directory under which every resource has its directories, laid out like NVIDIA's Kubernetes
         device plugin, so tools written for it find the daemons.
-      - C(<root>/<name>/pipe/control) must fit in a unix socket address (107 bytes).
+      - C(<root>/<name>/pipe) must be at most 87 bytes long; a longer one is refused before anything is done, because
+        NVIDIA's control daemon fails silently there (no log line, no socket; observed on driver 535).
     type: path
     default: /run/nvidia/mps
   config_dir:

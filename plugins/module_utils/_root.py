@@ -24,8 +24,12 @@ from ._errors import InvalidParameterError
 
 DEFAULT_ROOT = '/run/nvidia/mps'
 DEFAULT_CONFIG_DIR = '/etc/gpufleet-mps'
-# sizeof(sockaddr_un.sun_path) is 108 on Linux, including the terminating NUL.
-MAX_SOCKET_PATH_BYTES = 107
+# A unix socket address holds 107 bytes of path; stricter in practice: on driver 535 a daemon with a pipe directory over 87 bytes failed silently (no log
+# line; only control_lock and log left behind). The longest socket name it binds is longer than "control".
+MAX_PIPE_DIR_BYTES = 87
+PIPE_DIR_WHY = ('NVIDIA\'s control daemon fails silently with a longer pipe directory (no log line, no socket: only '
+                'control_lock and log are left), because the names of the sockets it binds there must fit in a unix '
+                'socket address (107 bytes)')
 CONTROL_SOCKET = 'control'
 SHM_DIR = 'shm'
 # The daemon's log directory: control.log names every client's pid and uid and every command; root
@@ -110,19 +114,15 @@ def validate_root(root: object, param: str = 'root') -> str:
 def resource_paths(root: str, name: str) -> ResourcePaths:
     """Validate ``root`` and ``name`` and return the resource's paths.
 
-    Fails when ``<pipe>/control`` would not fit in an AF_UNIX address: the daemon could not bind it
-    and every later call would report that no daemon exists.
+    Fails when the pipe directory is longer than :data:`MAX_PIPE_DIR_BYTES`: the daemon could not bind
+    its sockets there, says nothing about it, and every later call would report that no daemon exists.
     """
     root = validate_root(root)
     name = validate_name(name)
     resource_dir = os.path.join(root, name)
     pipe_dir = os.path.join(resource_dir, 'pipe')
     control_socket = os.path.join(pipe_dir, CONTROL_SOCKET)
-    length = len(control_socket.encode('utf-8'))
-    if length > MAX_SOCKET_PATH_BYTES:
-        raise InvalidParameterError(
-            'root', 'the control socket %s would be %d bytes long; a unix socket path holds at most %d bytes: '
-            'use a shorter root or resource name' % (control_socket, length, MAX_SOCKET_PATH_BYTES))
+    check_pipe_dir_length(pipe_dir, 'root')
     return ResourcePaths(
         root=root,
         name=name,
@@ -132,6 +132,15 @@ def resource_paths(root: str, name: str) -> ResourcePaths:
         started_file=os.path.join(resource_dir, '.started'),
         control_socket=control_socket,
     )
+
+
+def check_pipe_dir_length(pipe_dir: str, param: str, where: str = '') -> None:
+    """Refuse a pipe directory longer than :data:`MAX_PIPE_DIR_BYTES`, saying why."""
+    length = len(pipe_dir.encode('utf-8'))
+    if length > MAX_PIPE_DIR_BYTES:
+        raise InvalidParameterError(
+            param, 'the pipe directory %s would be %d bytes long%s; it must be at most %d bytes: %s. Use a shorter root '
+            'or resource name' % (pipe_dir, length, where, MAX_PIPE_DIR_BYTES, PIPE_DIR_WHY))
 
 
 DEFAULT_CONTAINER_ROOT = '/mps'
@@ -147,10 +156,8 @@ def container_view(paths: ResourcePaths, container_root: object = DEFAULT_CONTAI
     """
     croot = validate_root(container_root, param)
     pipe_dir = os.path.join(croot, paths.name, 'pipe')
-    control = os.path.join(pipe_dir, CONTROL_SOCKET)
-    if len(control.encode('utf-8')) > MAX_SOCKET_PATH_BYTES:
-        raise InvalidParameterError(param, 'the control socket %s would be %d bytes long inside the container; a unix '
-                                    'socket path holds at most %d bytes' % (control, len(control.encode('utf-8')), MAX_SOCKET_PATH_BYTES))
+    # Clients in the container connect to the sockets the daemon binds in its pipe directory, by their path there.
+    check_pipe_dir_length(pipe_dir, param, ' inside the container')
     shm_source = paths.shm_dir if shm else HOST_DEV_SHM
     return {
         'root': croot,

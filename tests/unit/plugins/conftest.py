@@ -20,6 +20,15 @@ sys.path.insert(0, str(FAKE_NVML_DIR))
 from build import fake_nvml_lib  # noqa: E402  pylint: disable=wrong-import-position
 
 
+@pytest.fixture
+def tmp_path():
+    """A short temporary directory: pytest's own path, named after the test, can make a pipe directory longer
+    than the 87 bytes the modules accept (the real daemon fails silently beyond that)."""
+    path = Path(tempfile.mkdtemp(prefix='u.', dir='/tmp'))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.fixture(scope='session')
 def nvml_lib(tmp_path_factory):
     import pynvml  # pylint: disable=import-outside-toplevel

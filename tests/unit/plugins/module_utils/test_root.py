@@ -9,7 +9,8 @@ import pytest
 
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import InvalidParameterError
 from ansible_collections.gpufleet.mps.plugins.module_utils._root import (
-    MAX_SOCKET_PATH_BYTES,
+    MAX_PIPE_DIR_BYTES,
+    container_view,
     resource_paths,
     systemd_instance,
     validate_log_mode,
@@ -59,14 +60,24 @@ def test_resource_paths_follow_the_device_plugin_layout():
     }
 
 
-def test_control_socket_of_exactly_107_bytes_is_accepted_and_108_refused():
-    suffix = '/r/pipe/control'
-    fits = '/' + 'x' * (MAX_SOCKET_PATH_BYTES - len(suffix) - 1)
-    assert len(resource_paths(fits, 'r').control_socket) == MAX_SOCKET_PATH_BYTES
+def test_a_pipe_dir_of_exactly_87_bytes_is_accepted_and_88_refused_saying_why():
+    suffix = '/r/pipe'
+    fits = '/' + 'x' * (MAX_PIPE_DIR_BYTES - len(suffix) - 1)
+    assert len(resource_paths(fits, 'r').pipe_dir) == MAX_PIPE_DIR_BYTES == 87
     with pytest.raises(InvalidParameterError) as excinfo:
         resource_paths(fits + 'y', 'r')
     assert excinfo.value.param == 'root'
-    assert '108 bytes' in excinfo.value.msg
+    assert '88 bytes long' in excinfo.value.msg and 'at most 87 bytes' in excinfo.value.msg
+    assert 'fails silently' in excinfo.value.msg
+
+
+def test_a_container_pipe_dir_over_87_bytes_is_refused_naming_container_root():
+    paths = resource_paths('/run/nvidia/mps', 'train')
+    croot = '/' + 'c' * (MAX_PIPE_DIR_BYTES - len('/train/pipe') - 1)
+    assert len(container_view(paths, croot)['pipe_dir']) == 87
+    with pytest.raises(InvalidParameterError) as excinfo:
+        container_view(paths, croot + 'c')
+    assert excinfo.value.param == 'container_root' and 'inside the container' in excinfo.value.msg
 
 
 @pytest.mark.parametrize('name, escaped', [
