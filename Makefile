@@ -25,6 +25,8 @@ help:
 	@echo 'make venv       create .venv from requirements-dev.txt (exact pins)'
 	@echo 'make docs       build the HTML docsite offline (into $$TEST_ROOT/docsite)'
 	@echo 'make sanity | units | integration | lint | changelog-lint | docs-lint | test-fakes | packaging | molecule'
+	@echo 'make ee         ansible-builder create on the example execution environment (no container engine needed)'
+	@echo 'make runner     the fleet role through ansible-runner as AWX runs it, a rolling change included'
 	@echo 'make clean      remove .simhost and the copied collection tree'
 
 # --- environment ------------------------------------------------------------------------------
@@ -60,8 +62,8 @@ simhost-reset:
 	$(MAKE) simhost
 
 # --- tests --------------------------------------------------------------------------------------
-.PHONY: test collection sanity units integration lint changelog-lint docs-lint docs test-fakes molecule packaging bench-quick
-test: changelog-lint test-fakes sanity units integration lint docs-lint docs packaging bench-quick molecule
+.PHONY: test collection sanity units integration lint changelog-lint docs-lint docs test-fakes molecule packaging bench-quick ee runner
+test: changelog-lint test-fakes sanity units integration lint docs-lint docs packaging ee runner bench-quick molecule
 	@echo 'make test: all passed'
 
 collection: venv
@@ -103,6 +105,17 @@ bench-quick: collection simhost
 # The galaxy tarball: no dev artefacts in it, and the installed copy runs by FQCN.
 packaging: simhost
 	hacking/test-packaging.sh $(SIMHOST)/lib $(VPY)
+
+# An execution environment as AWX / Automation Platform uses it: the build context ansible-builder
+# creates for meta/ee-example/ (which includes this collection's tarball) holds what the collection
+# declares in meta/execution-environment.yml. `ansible-builder build` needs podman or docker: not run.
+ee: collection
+	hacking/test-ee.sh $(COLL) $(TEST_ROOT)/ee
+
+# Jobs through ansible-runner on a private data dir (project, inventory of simulated hosts, env), the
+# rolling recipe of docs/docsite/rst/guide_awx.rst included; tears down and leaves no daemon running.
+runner: collection simhost
+	$(VPY) hacking/test-runner.py --work $(TEST_ROOT)/runner --simhost-lib $(SIMHOST)/lib --python $(VPY)
 
 test-fakes: simhost
 	. $(SIMHOST)/env && $(VPY) -m pytest -q -p no:cacheprovider tests/fakes tests/gpu
