@@ -2,17 +2,23 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """One MPS control daemon: find it, tell whether it is alive and answers, start it, stop it.
 
-Liveness does not trust the pid file. The daemon's single-instance guard is a kernel lock on
-``<pipe>/control_lock``, released when the process dies; a held lock (``/proc/locks``) means a live
-daemon, and a pid file whose pid is alive while nobody holds the lock belongs to an unrelated
-process that reused the pid: stale, and never signalled.
+Liveness is decided by the control socket: a daemon is alive when ``<pipe>/control`` accepts a
+connection, dead when the socket is missing or refuses (a SIGKILLed daemon leaves the file, but nobody
+listens on it). Nothing public says which kind of lock the daemon takes on ``control_lock``, so the
+kernel's lock table (``/proc/locks``) and the pid file are supporting evidence only: they name the
+pid, and when they say a daemon of this pipe directory is alive while its socket does not answer, the
+two disagree - that is reported and nothing is touched (no stale cleanup, no compute-mode reset, no
+second daemon). A pid file whose pid is alive but is not a control daemon of this pipe directory
+belongs to an unrelated process that reused the pid: stale, and never signalled.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import shutil
+import socket
 import subprocess
 import time
 import typing as t
@@ -30,6 +36,8 @@ ALREADY_RUNNING_TEXT = 'An instance of this daemon is already running'
 PIPE_DIR_FILES = ('control', 'control_privileged', 'log', PID_FILE)
 # Passed through to the daemon from the module's environment: where the driver's libraries are.
 PASSTHROUGH_ENV = ('PATH', 'LD_LIBRARY_PATH')
+# The pipe directory of a daemon started without CUDA_MPS_PIPE_DIRECTORY.
+DEFAULT_PIPE_DIR = '/tmp/nvidia-mps'
 DEFAULT_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'
 
 
@@ -70,19 +78,56 @@ def lock_holders(path: str, proc_locks: str = '/proc/locks') -> t.Optional[t.Lis
     return holders
 
 
+def socket_answers(path: str, timeout: float = 2.0) -> t.Optional[bool]:
+    """Whether a daemon listens on the control socket ``path``: True, False (missing or refused), None (cannot tell).
+
+    A bare connect, closed at once: the daemon logs ``Accepting connection...`` and, as for any peer that
+    sends no credentials, ``User did not send valid credentials``; nothing else happens.
+    """
+    try:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    except OSError:
+        return None
+    try:
+        sock.settimeout(timeout)
+        sock.connect(path)
+        return True
+    except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
+        return False
+    except socket.timeout:
+        return True  # a full backlog: bound and listening, but not accepting (a hung daemon)
+    except OSError as exc:
+        if exc.errno == errno.EPROTOTYPE:
+            return True  # bound by a listener of another socket type: somebody listens there
+        return None  # EACCES and the like: this process cannot tell
+    finally:
+        sock.close()
+
+
 @dataclass
 class DaemonState:
-    """What the pipe directory says about the daemon, without talking to it."""
+    """What the pipe directory says about the daemon, without talking to it (a bare connect at most)."""
 
     running: bool
     pid: t.Optional[int]
     pid_file_pid: t.Optional[int]
     leftovers: t.List[str] = field(default_factory=list)
+    # Set when the evidence disagrees (a live daemon process of this pipe directory, but no socket that
+    # answers): nothing may be cleaned, stopped, started or reset on the word of either.
+    conflict: t.Optional[str] = None
 
     @property
     def stale(self) -> bool:
         """Dead, but files of a previous daemon remain."""
-        return not self.running and bool(self.leftovers)
+        return not self.running and self.conflict is None and bool(self.leftovers)
+
+    @property
+    def label(self) -> str:
+        if self.running:
+            return 'running'
+        if self.conflict:
+            return 'unknown'
+        return 'stale' if self.stale else 'stopped'
 
 
 def read_pid_file(pipe_dir: str) -> t.Optional[int]:
@@ -95,23 +140,84 @@ def read_pid_file(pipe_dir: str) -> t.Optional[int]:
 
 
 def inspect(paths: ResourcePaths) -> DaemonState:
-    """Find the daemon of ``paths`` from its pipe directory and the kernel's lock table."""
+    """Find the daemon of ``paths``: its control socket decides; the lock table and the pid file name it."""
     pid_file_pid = read_pid_file(paths.pipe_dir)
     leftovers = [name for name in PIPE_DIR_FILES if os.path.lexists(os.path.join(paths.pipe_dir, name))]
     if os.path.exists(paths.started_file):
         leftovers.append(os.path.basename(paths.started_file))
-    holders = lock_holders(os.path.join(paths.pipe_dir, LOCK_FILE))
-    if holders is None:
-        # No /proc/locks: fall back on the pid file and the process's name.
-        alive = pid_file_pid is not None and _pid_alive(pid_file_pid) and _looks_like_daemon(pid_file_pid)
-        return DaemonState(alive, pid_file_pid if alive else None, pid_file_pid, leftovers)
-    if not holders:
-        return DaemonState(False, None, pid_file_pid, leftovers)
-    if pid_file_pid is not None and _pid_alive(pid_file_pid) and (pid_file_pid in holders or _looks_like_daemon(pid_file_pid)):
-        pid: t.Optional[int] = pid_file_pid
-    else:
-        pid = next((holder for holder in holders if holder > 0 and _pid_alive(holder)), None)
-    return DaemonState(True, pid, pid_file_pid, leftovers)
+    answers = socket_answers(paths.control_socket) if os.path.lexists(paths.control_socket) else False
+    holders = [pid for pid in lock_holders(os.path.join(paths.pipe_dir, LOCK_FILE)) or [] if pid > 0 and _pid_alive(pid)]
+    pid: t.Optional[int] = None
+    if pid_file_pid is not None and _pid_alive(pid_file_pid) and (
+            pid_file_pid in holders or _is_daemon_of(pid_file_pid, paths.pipe_dir)):
+        pid = pid_file_pid
+    elif holders:
+        pid = holders[0]
+    if answers is None:
+        # This process may not connect (permissions): the lock and the pid file are all there is.
+        return DaemonState(pid is not None, pid, pid_file_pid, leftovers)
+    if answers:
+        if pid is None and pid_file_pid is not None and _pid_alive(pid_file_pid):
+            pid = pid_file_pid  # the answering daemon wrote it at its start: its pid cannot have been reused since
+        return DaemonState(True, pid, pid_file_pid, leftovers)
+    if pid is not None:
+        evidence = []
+        if pid in holders:
+            evidence.append('holds %s' % os.path.join(paths.pipe_dir, LOCK_FILE))
+        if pid == pid_file_pid:
+            evidence.append('is named by %s' % os.path.join(paths.pipe_dir, PID_FILE))
+        conflict = ('process %d %s, but %s %s: the evidence disagrees (a daemon still starting, one that failed to bind its '
+                    'socket, or a socket removed under a live daemon), so nothing was cleaned, stopped, started or reset; '
+                    'find out what pid %d is doing (see %s) and stop it, then run again' % (
+                        pid, ' and '.join(evidence), paths.control_socket,
+                        'refuses connections' if os.path.lexists(paths.control_socket) else 'does not exist',
+                        pid, os.path.join(paths.log_dir, 'control.log')))
+        return DaemonState(False, pid, pid_file_pid, leftovers, conflict)
+    return DaemonState(False, None, pid_file_pid, leftovers)
+
+
+def _is_daemon_of(pid: int, pipe_dir: str) -> bool:
+    """The process is a control daemon of ``pipe_dir``, as far as /proc shows.
+
+    A daemon by its name (comm, truncated to 15 characters) or because it has ``control_lock`` open; and,
+    where its environment is readable, one whose pipe directory is ``pipe_dir``.
+    """
+    if not (_looks_like_daemon(pid) or _has_open(pid, os.path.join(pipe_dir, LOCK_FILE))):
+        return False
+    env = environ_of(pid)
+    if env is None:
+        return True  # another user's process: its name is all this process can see
+    return os.path.normpath(env.get('CUDA_MPS_PIPE_DIRECTORY') or DEFAULT_PIPE_DIR) == os.path.normpath(pipe_dir)
+
+
+def _has_open(pid: int, path: str) -> bool:
+    real = os.path.realpath(path)
+    try:
+        fds = os.listdir('/proc/%d/fd' % pid)
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink('/proc/%d/fd/%s' % (pid, fd)) == real:
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def environ_of(pid: int) -> t.Optional[t.Dict[str, str]]:
+    """The environment a process was started with, None when unreadable."""
+    try:
+        with open('/proc/%d/environ' % pid, 'rb') as handle:
+            entries = handle.read().split(b'\0')
+    except OSError:
+        return None
+    env = {}
+    for entry in entries:
+        name, sep, value = entry.partition(b'=')
+        if sep:
+            env[name.decode('utf-8', 'replace')] = value.decode('utf-8', 'replace')
+    return env
 
 
 def _looks_like_daemon(pid: int) -> bool:
@@ -324,24 +430,40 @@ class Daemon:
                 delay = min(delay * 2, 0.25)
 
     def stop(self, pid: t.Optional[int]) -> bool:
-        """``quit -t <stop_timeout>`` and wait for the process to exit; return True when it had to be forced."""
+        """``quit -t <stop_timeout>`` and wait for the daemon to be gone; return True when it had to be forced.
+
+        Whether the UI exits non-zero after ``quit`` is undocumented (a session the daemon drops as it exits
+        is non-zero for the tool with the same front end), so the answer is whether the daemon went away:
+        a failing UI is only an error when the daemon is still there afterwards.
+        """
         started = time.monotonic()
+        failure: t.Optional[MpsError] = None
         try:
             self.client.timeout = self.stop_timeout + self.start_timeout
             self.query(['quit -t %d' % self.stop_timeout])
         except DaemonNotRunningError:
             return False
+        except (ControlBinaryError, ControlCommandError) as exc:
+            failure = exc
         finally:
             self.client.timeout = self.start_timeout
         grace = self.stop_timeout + self.start_timeout
         delay = 0.01
-        while pid is not None and _pid_alive(pid) and _is_zombie(pid) is False:
+        while self._still_there(pid):
             if time.monotonic() - started > grace:
-                raise DaemonTimeoutError('the MPS control daemon for %s (pid %d) did not exit within %ss after quit; it was left running (see %s)' % (
-                    self.paths.name, pid, grace, self.control_log), pid=pid, log_file=self.control_log)
+                raise DaemonTimeoutError('the MPS control daemon for %s (pid %s) did not exit within %ss after quit%s; it was left '
+                                         'running (see %s)' % (self.paths.name, pid if pid else 'unknown', grace,
+                                                               ' (%s)' % failure.msg if failure else '', self.control_log),
+                                         pid=pid, log_file=self.control_log)
             self.sleep(delay)
             delay = min(delay * 2, 0.25)
         return time.monotonic() - started >= self.stop_timeout > 0
+
+    def _still_there(self, pid: t.Optional[int]) -> bool:
+        """The daemon has not exited yet: its process lives on, or (pid unknown) its socket still answers."""
+        if pid is not None:
+            return _pid_alive(pid) and _is_zombie(pid) is False
+        return socket_answers(self.paths.control_socket) is True
 
     def clean_stale(self) -> t.List[str]:
         """Remove the files a dead daemon left in the pipe directory; return their names."""

@@ -28,7 +28,7 @@ from ._daemon import DaemonState, child_pids, daemon_dev_shm, inspect, read_pid_
 from ._errors import DaemonTimeoutError, InvalidParameterError, MpsError, NvmlError
 from ._gpus import ENUMERATION_WARNING, MPS_ENUMERATION_VAR, Gpu, Nvml
 from ._io import read_json, untraversable_parents
-from ._limits import Limits, parse_readback, percentage_matches, read_persisted, readback_matches
+from ._limits import Limits, parse_readback, percentage_matches, read_persisted, readback_matches, readback_readable
 from ._root import DEFAULT_CONTAINER_ROOT, SHM_DIR, ResourcePaths, config_paths, container_view, resource_paths, scan_resources, validate_root
 from ._shm import current_state
 
@@ -63,12 +63,9 @@ class Readout:
 
 
 def _mem_text(reply: Reply) -> t.Optional[str]:
-    """A memory limit as the daemon printed it; None when unset (or not a limit: an error text)."""
+    """A memory limit as the daemon printed it, an unknown reply (``N/A``...) included; None when plainly unset."""
     text = reply.text.strip()
-    try:
-        return text if parse_readback(text) is not None else None
-    except MpsError:
-        return None
+    return text if parse_readback(text) is not None or not readback_readable(text) else None
 
 
 def _optional_percentage(reply: Reply) -> t.Optional[float]:
@@ -286,7 +283,7 @@ class Collector:
                 states[paths.name] = inspect(paths)
                 records[paths.name] = _record(paths)
             state = states[paths.name]
-            if state.running or state.stale:
+            if state.running or state.stale or state.conflict:
                 daemons.append(self.daemon(paths, state, records[paths.name], by_uuid, nvml_available))
         self._warn_shared_gpus(states, records, {d['name'] for d in daemons}, by_uuid)
         return daemons
@@ -304,11 +301,11 @@ class Collector:
             'pipe_dir': paths.pipe_dir,
             'log_dir': paths.log_dir,
             'env': paths.client_env(),
-            'state': 'running' if state.running else 'stale',
+            'state': state.label,
             'running': state.running,
             'healthy': False,
-            'error': None,
-            'pid': state.pid if state.running else None,
+            'error': state.conflict,
+            'pid': state.pid if state.running or state.conflict else None,
             'supervisor': record.get('supervisor'),
             'multiuser': record.get('multiuser'),
             'started_at': record.get('started_at'),
@@ -328,6 +325,9 @@ class Collector:
             self.warnings.append('no container view for %s: %s' % (paths.name, exc.msg))
         if 'servers' in self.request.gather:
             facts['servers'] = []
+        if state.conflict:
+            self.warnings.append('the MPS control daemon of %s: %s' % (paths.name, state.conflict))
+            return facts
         if not state.running:
             self.warnings.append('the MPS control daemon of %s%s is not running but left files behind (%s); '
                                  'gpufleet.mps.mps_daemon cleans them up' % (
@@ -403,7 +403,7 @@ class Collector:
         """A GPU in the records of two running daemons under the root (one of them reported here)."""
         claims: t.Dict[str, t.List[str]] = {}
         for name, state in states.items():
-            if not state.running:
+            if not (state.running or state.conflict):
                 continue
             for uuid in records[name].get('devices') or []:
                 claims.setdefault(str(uuid), []).append(name)

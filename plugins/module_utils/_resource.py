@@ -16,14 +16,17 @@ import stat
 import typing as t
 from dataclasses import dataclass, field
 
-from ._daemon import Daemon, DaemonState, daemon_dev_shm, inspect
-from ._errors import DeviceSelectionError, InvalidParameterError
+from ._daemon import PID_FILE, Daemon, DaemonState, daemon_dev_shm, inspect
+from ._errors import DeviceSelectionError, InvalidParameterError, MpsError
 from ._gpus import Gpu, Nvml, resolve_devices
 from ._io import atomic_write, ensure_dir, read_json, read_text, refuse_unsafe_dirs, remove, untraversable_parents
 from ._limits import read_persisted, read_replay, write_replay
 from ._root import ConfigPaths, ResourcePaths, managed_dirs, resource_paths, scan_resources
 from ._shm import check_unit_path, mounted_at, shm_persisted
-from ._systemd import RESTART_ENV, SHM_DROPIN, Systemctl, instance_unit, parse_env, render_env, render_shm_dropin, render_unit, UNIT_DIR, UNIT_NAME
+from ._systemd import (
+    PIDFILE_DROPIN, RESTART_ENV, SHM_DROPIN, Systemctl, instance_unit, parse_env, render_env, render_pidfile_dropin, render_shm_dropin,
+    render_unit, UNIT_DIR, UNIT_NAME,
+)
 
 COMPUTE_MODE_CHOICES = ('exclusive_process', 'default', 'unchanged')
 SMI_MODE = {'exclusive_process': 'EXCLUSIVE_PROCESS', 'default': 'DEFAULT'}
@@ -105,7 +108,11 @@ class ResourceManager:
                 continue
             other = resource_paths(self.paths.root, name)
             record = read_json(other.started_file)
-            if not isinstance(record, dict) or not inspect(other).running:
+            if not isinstance(record, dict):
+                continue
+            state = inspect(other)
+            # A daemon whose evidence disagrees may still serve its GPUs: never reset or take them.
+            if not (state.running or state.conflict):
                 continue
             for uuid in record.get('devices') or []:
                 owners[str(uuid)] = name
@@ -114,6 +121,10 @@ class ResourceManager:
     @property
     def dropin_path(self) -> str:
         return os.path.join(self.unit_dir, '%s.d' % self.unit, SHM_DROPIN)
+
+    @property
+    def pidfile_dropin_path(self) -> str:
+        return os.path.join(self.unit_dir, '%s.d' % self.unit, PIDFILE_DROPIN)
 
     def wanted(self, selectors: t.Any, multiuser: bool, compute_mode: str, enabled: bool, shm: bool = False) -> Wanted:
         """Resolve and check the requested devices; raises before any side effect."""
@@ -142,7 +153,7 @@ class ResourceManager:
 
     def describe(self, state: DaemonState, record: t.Optional[t.Dict[str, t.Any]]) -> t.Dict[str, t.Any]:
         """The before/after view used for diff."""
-        view: t.Dict[str, t.Any] = {'state': 'running' if state.running else ('stale' if state.stale else 'stopped')}
+        view: t.Dict[str, t.Any] = {'state': state.label}
         if record:
             view.update({key: record.get(key) for key in ('devices', 'multiuser', 'supervisor')})
             view['shm'] = bool(record.get('shm', False))
@@ -169,9 +180,11 @@ class ResourceManager:
             os.path.join(self.unit_dir, UNIT_NAME): render_unit(self.config.config_dir, int(self.daemon.start_timeout), self.daemon.stop_timeout),
             self.config.env_file: render_env(self.paths.name, self._env_values(wanted)),
             self.dropin_path: render_shm_dropin(self.paths.shm_dir) if wanted.shm else None,
+            self.pidfile_dropin_path: render_pidfile_dropin(os.path.join(self.paths.pipe_dir, PID_FILE)),
         }
 
     def _systemd_drift(self, wanted: Wanted) -> t.List[str]:
+        """The files of the unit that differ from what is wanted (rewritten in place, no restart by themselves)."""
         return [path for path, content in self._systemd_files(wanted).items() if read_text(path) != content]
 
     # --- actions -------------------------------------------------------------------------------
@@ -263,7 +276,7 @@ class ResourceManager:
                 if not self.check_mode:
                     ensure_dir(os.path.dirname(path), 0o755)
                     atomic_write(path, content, 0o644)
-            reload_needed = reload_needed or path in (unit_path, self.dropin_path)
+            reload_needed = reload_needed or path in (unit_path, self.dropin_path, self.pidfile_dropin_path)
         if reload_needed:
             out.act('systemctl daemon-reload')
             if not self.check_mode and self.systemctl:
@@ -323,6 +336,8 @@ class ResourceManager:
             raise InvalidParameterError('compute_mode', 'must be one of %s' % ', '.join(COMPUTE_MODE_CHOICES))
         refuse_unsafe_dirs(managed_dirs(self.paths, self.config.config_dir))
         wanted = self.wanted(selectors, multiuser, compute_mode, enabled, shm) if state != 'stopped' else None
+        if wanted is not None and self.supervisor == 'systemd':
+            self._systemd_files(wanted)  # a value no unit file can carry is refused now, before any side effect
         self.reset_on_stop = compute_mode != 'unchanged'
         self.enabled = enabled
         if self.check_mode:
@@ -340,6 +355,8 @@ class ResourceManager:
         out = Outcome()
         out.warnings.extend(self.pending_warnings)
         current = inspect(self.paths)
+        if current.conflict:
+            raise MpsError('the MPS control daemon for %s: %s' % (self.paths.name, current.conflict), pid=current.pid)
         record = self.record()
         out.before = self.describe(current, record)
         if current.running:

@@ -316,7 +316,7 @@ class ShmManager:
         for name in scan_resources(self.root):
             paths = resource_paths(self.root, name)
             state = inspect(paths)
-            if not state.running:
+            if not (state.running or state.conflict):
                 continue
             seen = daemon_dev_shm(state.pid, self.path) if state.pid else None
             record = read_json(paths.started_file)

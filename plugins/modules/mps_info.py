@@ -186,7 +186,7 @@ gpus:
       type: bool
       sample: true
     max_mps_clients:
-      description: Clients per GPU under MPS - 48 from Volta (compute capability 7.0) on, 16 before.
+      description: Clients per GPU under MPS - 16 before Volta (compute capability 7.0), 48 from it on, 60 on drivers 590 and later (CUDA 13.1 documents 60).
       type: int
       sample: 48
 control_binary:
@@ -259,11 +259,16 @@ daemons:
                mounts: [{source: /run/nvidia/mps/train/pipe, target: /mps/train/pipe}, {source: /dev/shm, target: /dev/shm}]}
       version_added: 0.2.0
     state:
-      description: V(running), or V(stale) for a dead daemon's leftover files.
+      description:
+        - V(running) when its control socket accepts a connection; V(stale) for a dead daemon's leftover files;
+          V(unknown) when a live control daemon process of this pipe directory holds its lock or pid file but the
+          socket does not answer (RV(daemons[].error) says which; modules touch nothing of such a daemon).
       type: str
       sample: running
     running:
-      description: Whether the daemon process is alive (it holds the kernel lock on its C(control_lock)).
+      description:
+        - Whether the daemon is alive: its C(<pipe>/control) socket accepts a connection. The kernel lock on
+          C(control_lock) and the pid file only name its pid (the kind of lock the real daemon takes is undocumented).
       type: bool
       sample: true
     healthy:
@@ -271,11 +276,11 @@ daemons:
       type: bool
       sample: true
     error:
-      description: Why a running daemon is not healthy; null otherwise.
+      description: Why a running daemon is not healthy, or why its state is V(unknown); null otherwise.
       type: str
       sample: 'accepted the connection but did not answer within 10s (see /run/nvidia/mps/train/log/control.log)'
     pid:
-      description: The running daemon's pid; null when it is not running.
+      description: The running daemon's pid (null when neither its lock nor its pid file names it); null when it is not running.
       type: int
       sample: 4182
     supervisor:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import fcntl
 import os
+import socket
 import subprocess
 import sys
 
 import pytest
 
 from ansible_collections.gpufleet.mps.plugins.module_utils import _daemon
+from ansible_collections.gpufleet.mps.plugins.module_utils._errors import ControlBinaryError, DaemonTimeoutError
 from ansible_collections.gpufleet.mps.plugins.module_utils._root import resource_paths
 
 
@@ -39,19 +41,116 @@ def test_lock_holders_is_empty_for_a_missing_file_and_unknown_without_proc_locks
     assert _daemon.lock_holders(str(tmp_path / 'f'), str(tmp_path / 'no-proc-locks')) is None
 
 
-def test_a_held_control_lock_means_a_running_daemon(paths):
+def _listen(path):
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sock.bind(path)
+    sock.listen(4)
+    return sock
+
+
+def _hold_lock(paths):
     lock = os.open(os.path.join(paths.pipe_dir, 'control_lock'), os.O_RDWR | os.O_CREAT)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    with open(os.path.join(paths.pipe_dir, _daemon.PID_FILE), 'w') as handle:
+        handle.write(str(os.getpid()))
+    return lock
+
+
+def test_a_listening_control_socket_and_a_held_lock_mean_a_running_daemon_named_by_its_pid_file(paths):
+    lock = _hold_lock(paths)
+    sock = _listen(paths.control_socket)
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        with open(os.path.join(paths.pipe_dir, _daemon.PID_FILE), 'w') as handle:
-            handle.write(str(os.getpid()))
         state = _daemon.inspect(paths)
-        assert state.running and state.pid == os.getpid() and not state.stale
+        assert state.running and state.pid == os.getpid() and not state.stale and state.conflict is None
+        assert state.label == 'running'
+    finally:
+        sock.close()
+        os.close(lock)
+    # SIGKILLed: the socket file stays, nobody listens, the kernel released the lock.
+    state = _daemon.inspect(paths)
+    assert not state.running and state.stale and state.pid is None and state.conflict is None
+    assert {'control', _daemon.PID_FILE} <= set(state.leftovers)
+
+
+def test_a_daemon_whose_lock_does_not_show_in_proc_locks_is_running_when_its_socket_answers(paths):
+    sock = _listen(paths.control_socket)
+    try:
+        open(os.path.join(paths.pipe_dir, 'control_lock'), 'w').close()
+        assert _daemon.lock_holders(os.path.join(paths.pipe_dir, 'control_lock')) == []
+        state = _daemon.inspect(paths)
+        assert state.running and not state.stale and state.conflict is None
+    finally:
+        sock.close()
+
+
+def test_a_lock_holder_without_an_answering_socket_is_a_conflict_never_stale(paths):
+    lock = _hold_lock(paths)
+    try:
+        for refusing in (False, True):
+            if refusing:  # a socket file nobody listens on
+                _listen(paths.control_socket).close()
+            state = _daemon.inspect(paths)
+            assert not state.running and not state.stale and state.label == 'unknown'
+            assert state.pid == os.getpid()
+            assert 'process %d holds' % os.getpid() in state.conflict and 'nothing was cleaned' in state.conflict
+            assert ('refuses connections' if refusing else 'does not exist') in state.conflict
     finally:
         os.close(lock)
-    state = _daemon.inspect(paths)
-    assert not state.running and state.stale and state.pid is None
-    assert _daemon.PID_FILE in state.leftovers
+
+
+def test_socket_answers_tells_listening_refusing_and_missing_apart(paths):
+    assert _daemon.socket_answers(paths.control_socket) is False
+    sock = _listen(paths.control_socket)
+    assert _daemon.socket_answers(paths.control_socket) is True
+    sock.close()
+    assert _daemon.socket_answers(paths.control_socket) is False
+    stream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    os.unlink(paths.control_socket)
+    stream.bind(paths.control_socket)
+    stream.listen(1)
+    try:
+        assert _daemon.socket_answers(paths.control_socket) is True  # another socket type: still somebody listening
+    finally:
+        stream.close()
+
+
+class _Sleeper:
+    """A stand-in for the daemon's UI: quit's UI exits non-zero, the daemon process exits."""
+
+    def __init__(self, proc):
+        self.proc = proc
+        self.timeout = 1
+        self.processes = 0
+
+    def batch(self, commands):
+        assert commands == ['quit -t 0']
+        self.proc.kill()
+        self.proc.wait()
+        raise ControlBinaryError('nvidia-cuda-mps-control exited with status 1')
+
+
+def test_a_quit_whose_ui_exits_non_zero_is_a_stop_when_the_daemon_process_is_gone(paths):
+    proc = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])
+    daemon = _daemon.Daemon(paths, '/bin/true', start_timeout=1, stop_timeout=0, sleep=lambda _s: None)
+    daemon.client = _Sleeper(proc)
+    assert daemon.stop(proc.pid) is False
+
+
+def test_a_quit_whose_ui_fails_while_the_daemon_lives_on_fails_naming_the_ui_error(paths):
+    proc = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])
+    try:
+        daemon = _daemon.Daemon(paths, '/bin/true', start_timeout=0.2, stop_timeout=0)
+
+        class Failing(_Sleeper):
+            def batch(self, commands):
+                raise ControlBinaryError('nvidia-cuda-mps-control exited with status 1')
+
+        daemon.client = Failing(proc)
+        with pytest.raises(DaemonTimeoutError, match='did not exit within .* after quit .*exited with status 1'):
+            daemon.stop(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_a_pid_file_naming_an_unrelated_live_process_is_stale_not_running(paths):
