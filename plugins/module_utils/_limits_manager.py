@@ -20,7 +20,7 @@ from ._gpus import Gpu, resolve_devices
 from ._io import ensure_dir, read_json, refuse_unsafe_dirs
 from ._limits import (
     EVERY_GPU, Limits, format_percentage, parse_percentage as parse_wanted_percentage, parse_readback, parse_size,
-    percentage_matches, persist, read_persisted, readback_matches, uuids_from_environ, write_replay,
+    percentage_matches, persist, read_persisted, readback_matches, readback_readable, uuids_from_environ, write_replay,
 )
 from ._root import ConfigPaths, ResourcePaths, managed_dirs
 
@@ -68,6 +68,8 @@ class LimitsManager:
     def scope(self, create: bool) -> t.Tuple[t.List[Gpu], bool, t.Optional[int]]:
         """The daemon's GPUs in ordinal order, whether it runs, and its pid."""
         state = inspect(self.paths)
+        if state.conflict:
+            raise MpsError('the MPS control daemon for %s: %s' % (self.paths.name, state.conflict), pid=state.pid)
         record = read_json(self.paths.started_file)
         uuids: t.Optional[t.List[str]] = None
         if isinstance(record, dict) and isinstance(record.get('devices'), list):
@@ -192,7 +194,7 @@ class LimitsManager:
             pct, mem_read, servers = self.read(scope, pid)
             out.before = {'active_thread_percentage': pct,
                           'pinned_device_mem_limit': {str(o): v for o, v in mem_read.items()}}
-            out.commands = self._default_commands(wanted, persisted, scope, pct, mem_read)
+            out.commands = self._default_commands(wanted, persisted, scope, pct, mem_read, out.warnings)
             updates, pending = self._server_commands(wanted, scope, servers, running_servers)
             out.commands += updates
             out.pending = [server.as_dict() for server in pending]
@@ -220,13 +222,17 @@ class LimitsManager:
         return out
 
     def _default_commands(self, wanted: Limits, persisted: t.Optional[Limits], scope: t.Sequence[Gpu], pct: float,
-                          mem_read: t.Dict[int, t.Optional[str]]) -> t.List[str]:
+                          mem_read: t.Dict[int, t.Optional[str]], warnings: t.List[str]) -> t.List[str]:
         cmds = []
         for ordinal, gpu in enumerate(scope):
             mib = wanted.mem_for(gpu.uuid)
             if mib is None:
                 continue
             was = persisted.mem_for(gpu.uuid) if persisted else None
+            if not readback_readable(mem_read[ordinal]):
+                warnings.append('the MPS control daemon of %s answered %r to get_default_device_pinned_mem_limit %d, which '
+                                'is not a size: the limit is treated as unknown and set again' % (
+                                    self.paths.name, mem_read[ordinal], ordinal))
             if (was is not None and was != mib) or not readback_matches(parse_readback(mem_read[ordinal] or ''), mib):
                 cmds.append(command('set_default_device_pinned_mem_limit', ordinal, '%dM' % mib))
         if wanted.active_thread_percentage is not None:
@@ -282,18 +288,8 @@ class LimitsManager:
 
 
 def _mem_text(reply: Reply) -> t.Optional[str]:
-    text = reply.text.strip()
-    if text and parse_readback_safe(text) is False:
-        raise ControlCommandError('the MPS control daemon rejected %r: %s' % (reply.command, text))
-    return text or None
-
-
-def parse_readback_safe(text: str) -> bool:
-    try:
-        parse_readback(text)
-    except MpsError:
-        return False
-    return True
+    """The read-back as printed (a reply that is no size is kept: it means "unknown", and the limit is set again)."""
+    return reply.text.strip() or None
 
 
 def _optional_percentage(reply: Reply) -> t.Optional[float]:

@@ -55,9 +55,16 @@ def test_readback_is_compared_at_the_granularity_the_daemon_reports(text, mib, m
     assert _limits.readback_matches(_limits.parse_readback(text), mib) is matches
 
 
-def test_unexpected_readback_text_is_an_error():
-    with pytest.raises(MpsError):
-        _limits.parse_readback('Invalid device')
+@pytest.mark.parametrize('text', ['N/A', 'No limit', 'unlimited', 'Invalid device', '3.5G', '-1M'])
+def test_a_readback_that_is_no_size_is_unknown_and_matches_no_wanted_limit(text):
+    assert _limits.parse_readback(text) is None
+    assert not _limits.readback_readable(text)
+    assert not _limits.readback_matches(_limits.parse_readback(text), 2048)
+
+
+@pytest.mark.parametrize('text', ['', '0', '0M', '3G', '512M'])
+def test_sizes_and_the_plain_unset_forms_are_readable(text):
+    assert _limits.readback_readable(text)
 
 
 def gpu(index, name, mib, cc=(7, 5)):
@@ -104,6 +111,18 @@ def test_replicas_are_checked_against_the_client_limit_volta_from_7_0(manager, r
         with pytest.raises(InvalidParameterError) as excinfo:
             manager(gpus).wanted(gpus, None, None, replicas)
         assert excinfo.value.param == 'replicas'
+
+
+@pytest.mark.parametrize('replicas, driver, ok', [(60, '590.44.01', True), (61, '590.44.01', False), (49, '580.95.05', False),
+                                                  (48, '580.95.05', True), (49, None, False), (17, '590.44.01', False)])
+def test_the_client_limit_follows_the_driver_60_from_r590(manager, replicas, driver, ok):
+    cc = (6, 0) if replicas == 17 else (9, 0)
+    gpus = [Gpu(0, 'GPU-%08d-0000-0000-0000-000000000000' % 0, 'x', 141000, cc, 'default', None, None, True, driver)]
+    if ok:
+        assert manager(gpus).wanted(gpus, None, None, replicas).replicas == replicas
+    else:
+        with pytest.raises(InvalidParameterError, match='exceeds the %d MPS clients' % gpus[0].max_mps_clients):
+            manager(gpus).wanted(gpus, None, None, replicas)
 
 
 def test_memory_keys_must_be_the_daemons_gpus_and_given_once(manager):
