@@ -41,6 +41,8 @@ def mps_plan(resources: t.Any, gpu_facts: t.Any) -> t.List[t.Dict[str, t.Any]]:
     if not isinstance(resources, list):
         raise AnsibleFilterError('mps_resources: must be a list of resources')
     gpus = [_gpu(fact) for fact in gpu_facts or []]
+    # mps_info's max_mps_clients knows the driver (60 on r590+); derive it only for older facts without it.
+    caps = {gpu.uuid: int(fact.get('max_mps_clients') or gpu.max_mps_clients) for gpu, fact in zip(gpus, gpu_facts or [])}
     owner: t.Dict[str, str] = {}
     plan = []
     for number, resource in enumerate(resources):
@@ -65,9 +67,9 @@ def mps_plan(resources: t.Any, gpu_facts: t.Any) -> t.List[t.Dict[str, t.Any]]:
             if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
                 raise AnsibleFilterError('mps_resources[%s].replicas: must be an integer of at least 1, got %r' % (name, replicas))
             for gpu in chosen:
-                if replicas > gpu.max_mps_clients:
+                if replicas > caps[gpu.uuid]:
                     raise AnsibleFilterError('mps_resources[%s].replicas: %d exceeds the %d MPS clients of GPU %d (%s)' % (
-                        name, replicas, gpu.max_mps_clients, gpu.index, gpu.name))
+                        name, replicas, caps[gpu.uuid], gpu.index, gpu.name))
         entry = {'name': name, 'devices': [gpu.uuid for gpu in chosen], 'indices': [gpu.index for gpu in chosen],
                  'replicas': replicas, 'multiuser': bool(resource.get('multiuser', False))}
         entry.update({key: resource.get(key) for key in LIMIT_KEYS})

@@ -36,6 +36,26 @@ MPS_ENUMERATION_VAR = 'NVML_MPS_DEVICE_ENUMERATION'
 ENUMERATION_WARNING = ('%s was set in the module environment; it was ignored (it makes NVML compute-mode calls fail)'
                        % MPS_ENUMERATION_VAR)
 VOLTA_CC = (7, 0)
+# MPS clients per GPU: 16 before Volta, 48 from Volta on; NVIDIA's MPS documentation of the r590 drivers
+# (CUDA 13.1) says 60, "increased from 48" on CUDA 13.0 and before.
+PRE_VOLTA_CLIENTS = 16
+VOLTA_CLIENTS = 48
+R590_CLIENTS = 60
+R590 = 590
+
+
+def mps_client_cap(compute_capability: t.Tuple[int, int], driver_version: t.Optional[str]) -> int:
+    """Clients per GPU under MPS for this compute capability on this driver (48 when the driver is unknown)."""
+    if compute_capability < VOLTA_CC:
+        return PRE_VOLTA_CLIENTS
+    major = driver_major(driver_version)
+    return R590_CLIENTS if major is not None and major >= R590 else VOLTA_CLIENTS
+
+
+def driver_major(driver_version: t.Optional[str]) -> t.Optional[int]:
+    """``590`` from ``590.44.01``; None when unknown."""
+    head = (driver_version or '').split('.', 1)[0]
+    return int(head) if head.isdigit() else None
 _UUID_PREFIX = re.compile(r'GPU-[0-9a-fA-F-]*')
 
 
@@ -52,11 +72,12 @@ class Gpu:
     mig_current: t.Optional[bool]
     mig_pending: t.Optional[bool]
     persistence_mode: t.Optional[bool]
+    driver_version: t.Optional[str] = None
 
     @property
     def max_mps_clients(self) -> int:
-        """Clients per GPU under MPS: 48 from Volta (compute capability 7.0) on, 16 before."""
-        return 48 if self.compute_capability >= VOLTA_CC else 16
+        """Clients per GPU under MPS: 16 before Volta (compute capability 7.0), 48 from it on, 60 on r590+ drivers."""
+        return mps_client_cap(self.compute_capability, self.driver_version)
 
     @property
     def mig_enabled(self) -> bool:
@@ -163,6 +184,7 @@ class Nvml:
         if self._gpus is None:
             lib = self._lib
             count = self._call('counting GPUs', lib.nvmlDeviceGetCount)
+            driver = self._optional(lib.nvmlSystemGetDriverVersion)
             gpus = []
             for index in range(count):
                 handle = self.handle(index)
@@ -182,6 +204,7 @@ class Nvml:
                     mig_current=None if mig is None else bool(mig[0]),
                     mig_pending=None if mig is None else bool(mig[1]),
                     persistence_mode=None if persistence is None else bool(persistence),
+                    driver_version=None if driver is None else _text(driver),
                 ))
             self._gpus = gpus
         return self._gpus

@@ -50,7 +50,7 @@ options:
       - Share each GPU between this many clients - thread percentage C(100 // replicas) and, per GPU, pinned memory
         C(total_MiB // replicas), as NVIDIA's device plugin computes them. Explicit O(active_thread_percentage) and
         O(pinned_device_mem_limit) override the computed values.
-      - At most the GPU's MPS client limit - 48 from compute capability 7.0 (Volta) on, 16 before.
+      - At most the GPU's MPS client limit - 16 before compute capability 7.0 (Volta), 48 from it on, 60 on drivers 590 and later.
     type: int
   running_servers:
     description:

@@ -49,3 +49,11 @@ def test_default_resource_takes_every_gpu_and_has_no_limits():
 def test_preflight_refuses_bad_resource_lists_naming_the_resource(resources, message):
     with pytest.raises(AnsibleFilterError, match=message):
         mps_plan(resources, facts(H100, H100, P100))
+
+
+def test_preflight_takes_the_client_cap_from_mps_info_which_knows_the_driver():
+    gpus = facts(H100)
+    gpus[0]['max_mps_clients'] = 60  # mps_info on an r590 driver
+    assert mps_plan([{'name': 'a', 'replicas': 60}], gpus)[0]['replicas'] == 60
+    with pytest.raises(AnsibleFilterError, match='exceeds the 60'):
+        mps_plan([{'name': 'a', 'replicas': 61}], gpus)

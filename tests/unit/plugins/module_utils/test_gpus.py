@@ -7,7 +7,7 @@ import os
 import pytest
 
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import DeviceSelectionError, InvalidParameterError, NvmlError
-from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import Gpu, Nvml, resolve_devices
+from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import Gpu, Nvml, mps_client_cap, resolve_devices
 
 
 def test_inventory_reads_every_field_through_real_pynvml(gpu_host):
@@ -34,6 +34,20 @@ def test_mig_and_old_gpus_are_reported_as_they_are(gpu_host):
     assert t4.mig_current is None and t4.facts()['mig_mode'] == 'unsupported'
     assert a100.mig_enabled and a100.facts()['mig_mode'] == {'current': 'enabled', 'pending': 'enabled'}
     assert t4.max_mps_clients == 48  # compute capability 7.5 is Volta or later
+
+
+def test_an_r590_driver_allows_60_clients_read_through_real_pynvml(gpu_host):
+    gpu_host('h200x1-r590.ini')
+    with Nvml() as nvml:
+        (h200,) = nvml.gpus()
+    assert h200.driver_version == '590.44.01'
+    assert h200.max_mps_clients == 60 and h200.facts()['max_mps_clients'] == 60
+
+
+@pytest.mark.parametrize('cc, driver, cap', [((9, 0), '590.44.01', 60), ((9, 0), '600.1', 60), ((9, 0), '580.95.05', 48),
+                                             ((7, 0), None, 48), ((7, 0), 'garbage', 48), ((6, 1), '590.44.01', 16)])
+def test_the_client_cap_by_compute_capability_and_driver(cc, driver, cap):
+    assert mps_client_cap(cc, driver) == cap
 
 
 def test_pre_volta_gpus_allow_16_clients():
