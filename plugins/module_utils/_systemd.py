@@ -2,6 +2,11 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The ``gpufleet-mps@.service`` template unit, its per-instance environment files, and systemctl.
 
+The daemon is ``Type=forking`` (``-d`` returns once it listens) with its pid file named in a
+per-instance drop-in, since the pipe directory is per resource. ``quit``'s UI exit status is
+undocumented (a session the daemon drops as it exits may end non-zero): ``ExecStop=-`` lets systemd judge
+the stop by the daemon's exit, not by the UI's status.
+
 The unit runs nothing of this collection: the compute mode is set with ``nvidia-smi``, the daemon is
 ``nvidia-cuda-mps-control -d``, the persisted limits are replayed by feeding their command file to the
 control UI, so a host boots into a working MPS even when Python or the collection is broken.
@@ -38,7 +43,7 @@ ExecStartPre=/bin/sh -c 'mkdir -p -m "$${{MPS_LOG_MODE:-0700}}" "$$CUDA_MPS_LOG_
 ExecStartPre=/bin/sh -c 'if [ -n "$$MPS_COMPUTE_MODE" ]; then exec "$$MPS_NVIDIA_SMI" -i "$$CUDA_VISIBLE_DEVICES" -c "$$MPS_COMPUTE_MODE"; fi'
 ExecStart=/bin/sh -c 'exec "$$MPS_CONTROL" -d $$MPS_DAEMON_ARGS'
 ExecStartPost=/bin/sh -c 'if [ -s "$$MPS_LIMITS_FILE" ]; then "$$MPS_CONTROL" < "$$MPS_LIMITS_FILE" > /dev/null; fi'
-ExecStop=/bin/sh -c 'echo "quit -t $$MPS_STOP_TIMEOUT" | "$$MPS_CONTROL"'
+ExecStop=-/bin/sh -c 'echo "quit -t $$MPS_STOP_TIMEOUT" | "$$MPS_CONTROL"'
 ExecStopPost=/bin/sh -c 'if [ -n "$$MPS_COMPUTE_MODE" ]; then "$$MPS_NVIDIA_SMI" -i "$$CUDA_VISIBLE_DEVICES" -c DEFAULT > /dev/null; fi'
 Restart=on-failure
 RestartSec=2s
@@ -62,11 +67,30 @@ BindPaths={shm_dir}:/dev/shm
 """
 
 
+PIDFILE_DROPIN = 'gpufleet-pidfile.conf'
+PIDFILE_DROPIN_TEMPLATE = """\
+# Managed by the gpufleet.mps Ansible collection (mps_daemon). Local changes are overwritten.
+# The pid file the control daemon writes in its pipe directory: systemd then knows the main process for sure.
+[Service]
+PIDFile={pid_file}
+"""
+
+
+def _unit_path(path: str) -> str:
+    """A path as a unit file may carry it, or a refusal: no spaces, quotes, specifiers or escapes to misread."""
+    if any(char.isspace() or char in '%\\"\'' for char in path):
+        raise MpsError('refusing to write %r into a systemd drop-in: use a root without spaces, quotes, "%%" or "\\"' % path)
+    return path
+
+
 def render_shm_dropin(shm_dir: str) -> str:
     """The per-instance drop-in that gives the daemon ``shm_dir`` as /dev/shm."""
-    if any(char.isspace() or char in '%\\"\'' for char in shm_dir):
-        raise MpsError('refusing to write %r into a systemd drop-in: use a root without spaces, quotes, "%%" or "\\"' % shm_dir)
-    return SHM_DROPIN_TEMPLATE.format(shm_dir=shm_dir)
+    return SHM_DROPIN_TEMPLATE.format(shm_dir=_unit_path(shm_dir))
+
+
+def render_pidfile_dropin(pid_file: str) -> str:
+    """The per-instance drop-in that names the daemon's pid file (``<pipe>/nvidia-cuda-mps-control.pid``)."""
+    return PIDFILE_DROPIN_TEMPLATE.format(pid_file=_unit_path(pid_file))
 
 
 def render_unit(config_dir: str, start_timeout: int, stop_timeout: int) -> str:

@@ -17,7 +17,8 @@ def test_unit_reads_the_instance_environment_and_replays_limits_after_start():
     assert 'EnvironmentFile=/etc/gpufleet-mps/%i.env' in unit
     assert 'Type=forking' in unit
     assert 'Restart=on-failure' in unit
-    assert "ExecStop=/bin/sh -c 'echo \"quit -t $$MPS_STOP_TIMEOUT\" | \"$$MPS_CONTROL\"'" in unit
+    # quit's UI exit status is undocumented: systemd judges the stop by the daemon's exit ("-" ignores the status)
+    assert "ExecStop=-/bin/sh -c 'echo \"quit -t $$MPS_STOP_TIMEOUT\" | \"$$MPS_CONTROL\"'" in unit
     assert 'ExecStartPost=' in unit and '$$MPS_LIMITS_FILE' in unit
     # systemd kills only after quit -t had its chance
     assert 'TimeoutStopSec=30' in unit
@@ -31,8 +32,17 @@ def test_env_file_is_sorted_and_refuses_values_that_could_break_out():
             _systemd.render_env('train', {'A': bad})
 
 
+def test_the_pidfile_dropin_names_the_daemons_pid_file_and_refuses_what_a_unit_file_would_misread():
+    dropin = _systemd.render_pidfile_dropin('/run/nvidia/mps/train/pipe/nvidia-cuda-mps-control.pid')
+    assert '[Service]\nPIDFile=/run/nvidia/mps/train/pipe/nvidia-cuda-mps-control.pid\n' in dropin
+    for bad in ('/a b/pipe/x.pid', '/a%i/pipe/x.pid', '/a"b/x.pid', '/a\\b/x.pid'):
+        with pytest.raises(MpsError, match='refusing to write'):
+            _systemd.render_pidfile_dropin(bad)
+
+
+@pytest.mark.parametrize('with_pidfile', [False, True])
 @pytest.mark.skipif(shutil.which('systemd-analyze') is None, reason='systemd-analyze not installed')
-def test_rendered_unit_passes_systemd_analyze_verify_without_any_message(tmp_path):
+def test_rendered_unit_passes_systemd_analyze_verify_without_any_message(tmp_path, with_pidfile):
     config_dir = tmp_path / 'etc'
     config_dir.mkdir()
     (config_dir / 'train.env').write_text(_systemd.render_env('train', {
@@ -44,6 +54,10 @@ def test_rendered_unit_passes_systemd_analyze_verify_without_any_message(tmp_pat
     unit_dir.mkdir()
     (unit_dir / _systemd.UNIT_NAME).write_text(_systemd.render_unit(str(config_dir), 30, 30))
     os.symlink(_systemd.UNIT_NAME, unit_dir / 'gpufleet-mps@train.service')
+    if with_pidfile:
+        dropin_dir = unit_dir / 'gpufleet-mps@train.service.d'
+        dropin_dir.mkdir()
+        (dropin_dir / _systemd.PIDFILE_DROPIN).write_text(_systemd.render_pidfile_dropin(str(tmp_path / 'pipe' / 'nvidia-cuda-mps-control.pid')))
     proc = subprocess.run(['systemd-analyze', 'verify', '--man=no', str(unit_dir / 'gpufleet-mps@train.service')],
                           capture_output=True, text=True, check=False,
                           env=dict(os.environ, SYSTEMD_UNIT_PATH='%s:' % unit_dir, SYSTEMD_LOG_LEVEL='notice'))
