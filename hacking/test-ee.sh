@@ -9,6 +9,7 @@
 # 3. Do what the builder stage does, here: install the context's tarball as its galaxy stage would,
 #    and run the context's own introspect.py on it. The requirements it writes for the image must
 #    name nvidia-ml-py (requirements.txt) and every package of bindep.txt, from gpufleet.mps.
+# And the user guide (guide_awx.rst) shows the example definition as it is.
 #
 # `ansible-builder build` needs podman or docker and is not run here.
 # usage: test-ee.sh COLLECTION_DIR WORK   (WORK is replaced)
@@ -26,6 +27,22 @@ for tool in ansible-builder ansible-galaxy; do
 done
 python=$(dirname "$(command -v ansible-builder)")/python
 started=$SECONDS
+
+# The user guide shows the definition: it must be the one tested here.
+"$python" - "$repo/meta/ee-example/execution-environment.yml" "$repo/docs/docsite/rst/guide_awx.rst" <<'PY' \
+  || fail "docs/docsite/rst/guide_awx.rst does not show meta/ee-example/execution-environment.yml as it is"
+import re
+import sys
+
+import yaml
+
+with open(sys.argv[1], encoding='utf-8') as handle:
+    definition = yaml.safe_load(handle)
+with open(sys.argv[2], encoding='utf-8') as handle:
+    page = handle.read()
+block = re.search(r'\n\.\. code-block:: yaml\n\n((?:   version: 3\n)(?:(?:   .*)?\n)*)', page)
+sys.exit(0 if block and yaml.safe_load(re.sub(r'(?m)^   ', '', block.group(1))) == definition else 1)
+PY
 
 rm -rf "$work"
 mkdir -p "$work/ee/collections"

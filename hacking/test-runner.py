@@ -251,7 +251,7 @@ def test_jobs(work: str) -> list[Job]:
     host_vars = os.path.join(work, 'inventory', 'host_vars')
     os.makedirs(host_vars)
     with open(os.path.join(host_vars, f'{BAD_HOST}.yml'), 'w', encoding='utf-8') as handle:
-        handle.write('---\n# over the 48 MPS clients a GPU takes: refused before anything is touched\n'
+        handle.write('---\n# more clients than any GPU and driver take: refused before anything is touched\n'
                      'mps_resources:\n  - name: nvidia.com/gpu\n    replicas: 64\n')
     set_extravars(work, fleet_replicas=ROLL_REPLICAS)
     bad = runner(work, 'roll.yml', 'roll-bad')
