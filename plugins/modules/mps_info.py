@@ -267,7 +267,7 @@ daemons:
       sample: running
     running:
       description:
-        - Whether the daemon is alive: its C(<pipe>/control) socket accepts a connection. The kernel lock on
+        - Whether the daemon is alive, that is whether its C(<pipe>/control) socket accepts a connection. The kernel lock on
           C(control_lock) and the pid file only name its pid (the kind of lock the real daemon takes is undocumented).
       type: bool
       sample: true
@@ -397,6 +397,17 @@ shm:
       description: Why it cannot be used (another file system mounted there), else null.
       type: str
       sample: null
+resources:
+  description:
+    - The name of every resource this collection has something of, under O(root) (a pipe directory or a C(.started)
+      record) or in O(config_dir) (an environment file or persisted limits), running or not, sorted. After a reboot
+      C(/run) is empty but O(config_dir) is not; this is the list a teardown with
+      M(gpufleet.mps.mps_daemon) O(gpufleet.mps.mps_daemon#module:state=absent) visits.
+  returned: always
+  type: list
+  elements: str
+  sample: [nvidia.com/gpu, train]
+  version_added: 0.2.0
 warnings:
   description:
     - What usually breaks MPS - a GPU of a running daemon not in EXCLUSIVE_PROCESS, a GPU claimed by two daemons, a parent
