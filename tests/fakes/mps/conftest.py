@@ -45,9 +45,10 @@ GPUS = [
 ]
 
 
-def write_ini(path: str, gpus: Optional[list[tuple[str, str, int, str]]] = None, **per_gpu: dict[int, str]) -> None:
+def write_ini(path: str, gpus: Optional[list[tuple[str, str, int, str]]] = None, driver: str = '560.35.03', cuda: str = '12060',
+              **per_gpu: dict[int, str]) -> None:
     """Write a FAKE_NVML_CONFIG file (per_gpu: extra key -> {index: value})."""
-    lines = ['[system]', 'driver_version = 560.35.03', 'cuda_driver_version = 12060', '']
+    lines = ['[system]', f'driver_version = {driver}', f'cuda_driver_version = {cuda}', '']
     for index, (name, uuid, mem, cc) in enumerate(GPUS if gpus is None else gpus):
         lines += [f'[gpu{index}]', f'name = {name}', f'uuid = {uuid}', f'memory_total_mib = {mem}',
                   f'compute_capability = {cc}', 'mig_mode = disabled', 'persistence_mode = enabled']

@@ -48,6 +48,7 @@ SHM_MODES = ('check', 'off')
 
 CUDA_ERRORS = {
     'CUDA_ERROR_NO_DEVICE': (100, 'no CUDA-capable device is detected'),
+    'CUDA_ERROR_NOT_PERMITTED': (800, 'operation not permitted'),
     'CUDA_ERROR_INVALID_DEVICE': (101, 'invalid device ordinal'),
     'CUDA_ERROR_MPS_CONNECTION_FAILED': (805, 'MPS client failed to connect to the MPS control daemon or the MPS server'),
     'CUDA_ERROR_MPS_RPC_FAILURE': (806, 'the remote procedural call between the MPS server and the MPS client failed'),

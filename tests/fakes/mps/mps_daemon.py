@@ -41,12 +41,21 @@ from mps_common import (  # noqa: E402  pylint: disable=wrong-import-position
 # GPUs: the [gpuN] sections of FAKE_NVML_CONFIG, filtered by CUDA_VISIBLE_DEVICES
 # --------------------------------------------------------------------------
 
+# MPS clients per GPU (reference section 4): 16 before Volta, 48 from Volta on, 60 on the drivers
+# whose documentation says so (r590, CUDA 13.1: "increased from 48")
+MAX_CLIENTS_PRE_VOLTA = 16
+MAX_CLIENTS_VOLTA = 48
+MAX_CLIENTS_R590 = 60
+DRIVER_60_CLIENTS = 590
+# control.log's third start line, `CUDA MPS Control binary version: <n>`, is seen from r580 on (section 7)
+DRIVER_BINARY_VERSION_LINE = 580
+
 
 class Gpu:  # pylint: disable=too-few-public-methods
     """One GPU of the fake host, as the INI file describes it."""
 
     def __init__(self, index: int, uuid: str, name: str, memory_total_mib: int, cc_major: int, cc_minor: int,  # pylint: disable=too-many-positional-arguments
-                 compute_mode: str = 'default') -> None:
+                 compute_mode: str = 'default', driver_major: int = 0) -> None:
         self.index = index
         self.uuid = uuid
         self.name = name
@@ -54,14 +63,22 @@ class Gpu:  # pylint: disable=too-few-public-methods
         self.cc_major = cc_major
         self.cc_minor = cc_minor
         self.compute_mode = compute_mode
+        self.driver_major = driver_major
 
     def __repr__(self) -> str:
         return f'Gpu({self.index}, {self.uuid}, {self.name!r}, cc {self.compute_capability})'
 
     @property
+    def pre_volta(self) -> bool:
+        """Compute capability below 7.0: legacy MPS (no limits, 16 clients)."""
+        return (self.cc_major, self.cc_minor) < (7, 0)
+
+    @property
     def max_clients(self) -> int:
-        """MPS clients per GPU: 48 from Volta (compute capability 7.0) on, 16 before."""
-        return 48 if (self.cc_major, self.cc_minor) >= (7, 0) else 16
+        """MPS clients per GPU: 16 before Volta (compute capability 7.0), 48 from Volta on, 60 from driver r590."""
+        if self.pre_volta:
+            return MAX_CLIENTS_PRE_VOLTA
+        return MAX_CLIENTS_R590 if self.driver_major >= DRIVER_60_CLIENTS else MAX_CLIENTS_VOLTA
 
     @property
     def compute_capability(self) -> str:
@@ -82,11 +99,22 @@ def read_config(path: Optional[str]) -> Optional[configparser.ConfigParser]:
     return parser
 
 
+def driver_versions(parser: Optional[configparser.ConfigParser]) -> tuple[int, str]:
+    """(driver major, CUDA driver version as NVML reports it, e.g. 13000) from [system]; (0, '0') when unknown."""
+    if parser is None or not parser.has_section('system'):
+        return 0, '0'
+    system = parser['system']
+    match = re.match(r'\s*(\d+)', system.get('driver_version', ''))
+    cuda = system.get('cuda_driver_version', '0').strip()
+    return (int(match.group(1)) if match else 0), (cuda if cuda.isdigit() else '0')
+
+
 def load_gpus(path: Optional[str]) -> list[Gpu]:
     """The GPUs of FAKE_NVML_CONFIG in index order (sections gpu0, gpu1, ... contiguous)."""
     parser = read_config(path)
     if parser is None:
         return []
+    driver_major = driver_versions(parser)[0]
     gpus: list[Gpu] = []
     index = 0
     while parser.has_section(f'gpu{index}'):
@@ -101,7 +129,8 @@ def load_gpus(path: Optional[str]) -> list[Gpu]:
             mem = 0
         gpus.append(Gpu(index=index, uuid=sec.get('uuid', f'GPU-{index:08x}-0000-0000-0000-000000000000').strip(),
                         name=sec.get('name', 'NVIDIA GPU').strip(), memory_total_mib=mem,
-                        cc_major=major, cc_minor=minor, compute_mode=sec.get('compute_mode', 'default').strip().lower()))
+                        cc_major=major, cc_minor=minor, compute_mode=sec.get('compute_mode', 'default').strip().lower(),
+                        driver_major=driver_major))
         index += 1
     return gpus
 
@@ -139,6 +168,7 @@ def visible_gpus(gpus: list[Gpu], cuda_visible_devices: Optional[str]) -> list[G
 # --------------------------------------------------------------------------
 
 PCT_RE = re.compile(r'(?:\d+(?:\.\d*)?|\.\d+)')
+UUID_RE = re.compile(r'(?:GPU|MIG)-\S+', re.IGNORECASE)  # a DEV argument in UUID form (any UUID: not checked)
 MEM_RE = re.compile(r'(\d+)([MG])')
 
 
@@ -258,6 +288,11 @@ class CmdError(Exception):
 
 MemKey = tuple[str, object]  # ('ord', 0) or ('uuid', 'GPU-...')
 
+# struct flock on 64-bit Linux (l_type, l_whence, l_start, l_len, l_pid, padding): F_OFD_SETLK takes it
+FLOCK_STRUCT = 'hhqqi4x'
+# FAKE_MPS_LOCK_KIND=hidden: the abstract socket name, followed by control_lock's device:inode
+HIDDEN_LOCK_PREFIX = 'nvidia-mps-sim-lock.'
+
 
 class DaemonConfig:  # pylint: disable=too-many-instance-attributes
     """Everything the daemon reads from its environment at start (plain attributes, see from_env)."""
@@ -267,6 +302,8 @@ class DaemonConfig:  # pylint: disable=too-many-instance-attributes
     gpus: list[Gpu]
     all_gpus: list[Gpu]
     nvml_config: Optional[str]
+    driver_major: int
+    cuda_version: str
     env_pct: Optional[float]
     env_mem: dict[int, int]
     env_priority: int
@@ -281,6 +318,9 @@ class DaemonConfig:  # pylint: disable=too-many-instance-attributes
     mem_readback: str
     uuid_limits: str
     bind_failure: str
+    pipe_dir_max: int
+    lock_kind: str
+    quit_reply: str
     server_init_delay: float
     fault_hang: bool
     fault_quit_hang: bool
@@ -301,16 +341,20 @@ class DaemonConfig:  # pylint: disable=too-many-instance-attributes
             delay = float(switch('FAKE_MPS_SERVER_INIT_DELAY', env))
         except ValueError as exc:
             raise SwitchError(f'FAKE_MPS_SERVER_INIT_DELAY={env.get("FAKE_MPS_SERVER_INIT_DELAY")!r}: expected seconds') from exc
+        pipe_max = switch('FAKE_MPS_PIPE_DIR_MAX', env)
+        if not pipe_max.isdigit():
+            raise SwitchError(f'FAKE_MPS_PIPE_DIR_MAX={pipe_max!r}: expected a number of bytes')
         kill_on = switch('FAKE_MPS_FAULT_KILL_ON', env)
         if kill_on and kill_on not in UI_COMMANDS:
             raise SwitchError(f'FAKE_MPS_FAULT_KILL_ON={kill_on!r}: expected the name of a control command '
                               '(e.g. set_default_active_thread_percentage) or nothing')
         env_pct = parse_percentage(env.get('CUDA_MPS_ACTIVE_THREAD_PERCENTAGE', '').strip())
         prio = env.get('CUDA_MPS_CLIENT_PRIORITY', '').strip()
+        driver_major, cuda_version = driver_versions(read_config(nvml))
         return cls(
             pipe_dir=env.get('CUDA_MPS_PIPE_DIRECTORY') or DEFAULT_PIPE_DIR,
             log_dir=env.get('CUDA_MPS_LOG_DIRECTORY') or DEFAULT_LOG_DIR,
-            gpus=gpus, all_gpus=all_gpus, nvml_config=nvml,
+            gpus=gpus, all_gpus=all_gpus, nvml_config=nvml, driver_major=driver_major, cuda_version=cuda_version,
             env_pct=env_pct,
             env_mem=parse_env_mem(env.get('CUDA_MPS_PINNED_DEVICE_MEM_LIMIT', ''), gpus),
             env_priority=int(prio) if prio in ('0', '1') else 0,
@@ -325,6 +369,9 @@ class DaemonConfig:  # pylint: disable=too-many-instance-attributes
             mem_readback=switch('FAKE_MPS_MEM_READBACK', env),
             uuid_limits=switch('FAKE_MPS_UUID_LIMITS', env),
             bind_failure=switch('FAKE_MPS_BIND_FAILURE', env),
+            pipe_dir_max=int(pipe_max),
+            lock_kind=switch('FAKE_MPS_LOCK_KIND', env),
+            quit_reply=switch('FAKE_MPS_QUIT_REPLY', env),
             server_init_delay=max(0.0, delay),
             fault_hang=switch('FAKE_MPS_FAULT_HANG', env) == '1',
             fault_quit_hang=switch('FAKE_MPS_FAULT_QUIT_HANG', env) == '1',
@@ -412,7 +459,11 @@ class Daemon:
         self.quitting = False
         self.quit_done = False
         self.start_failures: dict[int, int] = {}
+        # a legacy (pre-Volta) daemon: every device it sees is below compute capability 7.0
+        self.legacy = bool(cfg.gpus) and all(g.pre_volta for g in cfg.gpus)
+        self.pid_namespace = _pid_namespace(self.pid)
         self.lock_fd = -1
+        self.instance_sock: Optional[socket.socket] = None  # FAKE_MPS_LOCK_KIND=hidden
         self.fifo_fd = -1
         self.control_log: Optional[TextIO] = None
         self.server_log: Optional[TextIO] = None
@@ -478,16 +529,16 @@ class Daemon:
             self.lock_fd = os.open(self.path(CONTROL_LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
         except OSError as exc:
             return 1, f'Failed to open {self.path(CONTROL_LOCK)}: {exc.strerror}'
-        try:
-            fcntl.lockf(self.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(self.lock_fd)
-            self.lock_fd = -1
+        if not self.take_lock():
+            self.release_lock()
             return 1, ALREADY_RUNNING
         try:
             os.fchmod(self.lock_fd, 0o666)
         except OSError:
             pass
+        if len(os.fsencode(pipe)) > self.cfg.pipe_dir_max:
+            self.fail_silently()
+            return 0, None
         try:
             self.control_log = open(os.path.join(self.cfg.log_dir, 'control.log'), 'a', encoding='utf-8')  # pylint: disable=consider-using-with
             self.server_log = open(os.path.join(self.cfg.log_dir, 'server.log'), 'a', encoding='utf-8')  # pylint: disable=consider-using-with
@@ -537,9 +588,65 @@ class Daemon:
             self.log(f'Failed to set up {pipe}: {exc.strerror}')
             return 1, f'Failed to set up {pipe}: {exc.strerror}'
         self.log(f'To connect CUDA applications to this daemon, set env CUDA_MPS_PIPE_DIRECTORY={pipe}')
+        if self.cfg.driver_major >= DRIVER_BINARY_VERSION_LINE:
+            self.log(f'CUDA MPS Control binary version: {self.cfg.cuda_version}')
         self.wake_r, self.wake_w = os.pipe()
         threading.Thread(target=self.fifo_reader, daemon=True).start()
         return 0, None
+
+    def take_lock(self) -> bool:
+        """The single-instance check on the open control_lock, of the kind FAKE_MPS_LOCK_KIND names.
+
+        False when another live daemon holds it.  Every kind is released by the kernel when the
+        daemon dies, so a SIGKILLed daemon's leftovers never block the next one.
+        """
+        kind = self.cfg.lock_kind
+        try:
+            if kind == 'posix':  # /proc/locks: POSIX, the daemon's pid
+                fcntl.lockf(self.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            elif kind == 'ofd':  # /proc/locks: OFDLCK, pid -1 (the lock belongs to the open file, not a process)
+                fcntl.fcntl(self.lock_fd, fcntl.F_OFD_SETLK, struct.pack(FLOCK_STRUCT, fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0))
+            elif kind == 'flock':  # /proc/locks: FLOCK
+                fcntl.flock(self.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            else:  # hidden: nothing in /proc/locks; an abstract socket named after the file is as exclusive
+                st = os.fstat(self.lock_fd)
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+                try:
+                    sock.bind(f'\0{HIDDEN_LOCK_PREFIX}{st.st_dev}:{st.st_ino}'.encode())
+                except OSError:
+                    sock.close()
+                    raise
+                self.instance_sock = sock
+        except OSError:
+            return False
+        return True
+
+    def release_lock(self) -> None:
+        """Close control_lock (which drops any kind of lock on it) and the hidden kind's socket."""
+        if self.instance_sock is not None:
+            self.instance_sock.close()
+            self.instance_sock = None
+        if self.lock_fd >= 0:
+            os.close(self.lock_fd)
+            self.lock_fd = -1
+
+    def fail_silently(self) -> None:
+        """A pipe dir longer than FAKE_MPS_PIPE_DIR_MAX: what the forum report shows after such a start.
+
+        The daemon got as far as the lock and the log FIFO, then failed to bind without a word:
+        no log line, no sockets, no pid file, no process left; -d's parent still exits 0.
+        """
+        for name in (CONTROL, CONTROL_PRIVILEGED, LOG_FIFO, PID_FILE):
+            try:
+                os.unlink(self.path(name))
+            except OSError:
+                pass
+        try:
+            os.mkfifo(self.path(LOG_FIFO), 0o777)
+            os.chmod(self.path(LOG_FIFO), 0o777)
+        except OSError:
+            pass
+        self.release_lock()
 
     def fifo_reader(self) -> None:
         """Copy what servers write on <pipe>/log into server.log, line by line."""
@@ -592,8 +699,7 @@ class Daemon:
                         pass
             self.control_log = None
             self.server_log = None
-        if self.lock_fd >= 0:
-            os.close(self.lock_fd)
+        self.release_lock()
 
     def request_stop(self) -> None:
         """Wake the accept loop so that it ends."""
@@ -660,7 +766,8 @@ class Daemon:
                 self.log('UI closed')
                 self.request_stop()
                 self.finished.wait(10.0)
-                send_msg(conn, {'out': out or ''})
+                if self.cfg.quit_reply == 'answer':  # drop: the UI sees the session end unanswered
+                    send_msg(conn, {'out': out or ''})
                 try:
                     conn.close()
                 except OSError:
@@ -701,20 +808,46 @@ class Daemon:
             raise CmdError('server', pid=token)
         return srv
 
-    def _dev_key(self, token: str) -> MemKey:
-        gpus = self.cfg.gpus
+    @staticmethod
+    def _dev_key(token: str) -> MemKey:
+        """The table key of a DEV argument.
+
+        NOT checked against the devices (reference section 3, [C]): any ordinal or UUID is stored
+        and read back under itself; only a token that is neither is refused.
+        """
         if re.fullmatch(r'\d+', token):
-            if int(token) < len(gpus):
-                return ('ord', int(token))
-            raise CmdError('device', dev=token)
-        for ordinal, gpu in enumerate(gpus):
-            if gpu.uuid.lower() == token.lower():
-                return ('ord', ordinal) if self.cfg.uuid_limits == 'applied' else ('uuid', gpu.uuid)
+            return ('ord', int(token))
+        if UUID_RE.fullmatch(token):
+            return ('uuid', token[:4].upper() + token[4:].lower())
         raise CmdError('device', dev=token)
 
+    def _applied_mem(self, table: dict[MemKey, int]) -> dict[int, int]:
+        """The limits a server applies, per ordinal of the daemon's devices.
+
+        Keys naming no device of the daemon are ignored.  A UUID key counts only with
+        FAKE_MPS_UUID_LIMITS=applied; then the later set of a device's ordinal and UUID wins
+        (a table is kept in the order its keys were last set).
+        """
+        ordinals = {gpu.uuid.lower(): ordinal for ordinal, gpu in enumerate(self.cfg.gpus)}
+        out: dict[int, int] = {}
+        for (kind, key), mib in table.items():
+            if kind == 'ord' and isinstance(key, int) and key < len(self.cfg.gpus):
+                out[key] = mib
+            elif kind == 'uuid' and self.cfg.uuid_limits == 'applied' and str(key).lower() in ordinals:
+                out[ordinals[str(key).lower()]] = mib
+        return out
+
+    @staticmethod
+    def _set_mem(table: dict[MemKey, int], key: MemKey, mib: int) -> None:
+        """Store a limit as the latest one set (see _applied_mem)."""
+        table.pop(key, None)
+        table[key] = mib
+
     def _mem_out(self, value: Optional[int]) -> Optional[str]:
+        if self.cfg.mem_readback == 'unparseable':
+            return 'N/A'
         if value is None:
-            return {'0M': '0M', '0': '0', 'empty': None}[self.cfg.unset_mem]
+            return None if self.cfg.unset_mem == 'empty' else self.cfg.unset_mem
         return format_mem(value, self.cfg.mem_readback)
 
     @staticmethod
@@ -864,7 +997,7 @@ class Daemon:
         """Default pinned memory limit of a device (prints nothing)."""
         self._nargs('set_default_device_pinned_mem_limit', args, 2)
         key = self._dev_key(args[0])
-        self.default_mem[key] = self._mem_arg(args[1])
+        self._set_mem(self.default_mem, key, self._mem_arg(args[1]))
         return None
 
     def cmd_get_default_mem(self, args: list[str], _priv: bool) -> Optional[str]:
@@ -877,7 +1010,7 @@ class Daemon:
         self._nargs('set_device_pinned_mem_limit', args, 3)
         srv = self._server(args[0])
         key = self._dev_key(args[1])
-        srv.mem[key] = self._mem_arg(args[2])
+        self._set_mem(srv.mem, key, self._mem_arg(args[2]))
         return None
 
     def cmd_get_mem(self, args: list[str], _priv: bool) -> Optional[str]:
@@ -916,15 +1049,15 @@ class Daemon:
         raise CmdError('client', pid=args[1], server=args[0])
 
     def cmd_ps(self, args: list[str], _priv: bool) -> Optional[str]:
-        """ps [-p PID]: a header and a row per client."""
+        """ps [-p SERVER_PID]: a header and a row per client (of that server only with -p)."""
         if args and (len(args) != 2 or args[0] != '-p' or not args[1].isdigit()):
             raise CmdError('usage', cmd='ps')
         rows = ['PID ID SERVER DEVICE NAMESPACE COMMAND']
         for srv in self._alive_servers():
+            if args and str(srv.pid) != args[1]:
+                continue
             for client in srv.clients:
-                if args and str(client.pid) != args[1]:
-                    continue
-                dev = self.cfg.gpus[client.devices[0]].uuid if client.devices else '-'
+                dev = short_uuid(self.cfg.gpus[client.devices[0]].uuid) if client.devices else '-'
                 rows.append(f'{client.pid} {client.context_id} {srv.pid} {dev} {client.namespace} {client.cmdline}')
         return '\n'.join(rows)
 
@@ -1054,15 +1187,11 @@ class Daemon:
             fail = 'no CUDA-capable device is detected'
         elif any(modes.get(g.index) == 'prohibited' for g in self.cfg.gpus):
             fail = 'all CUDA-capable devices are busy or unavailable'
-        version = '0'
-        parser = read_config(self.cfg.nvml_config)
-        if parser is not None and parser.has_section('system'):
-            version = parser['system'].get('cuda_driver_version', '0').strip()
         return {
-            'cmd': 'config', 'fail': fail, 'version': version,
+            'cmd': 'config', 'fail': fail, 'version': self.cfg.cuda_version,
             'devices': [{'ordinal': i, 'name': g.name, 'uuid': g.uuid} for i, g in enumerate(self.cfg.gpus)],
-            'pct': srv.pct, 'priority': srv.priority,
-            'mem': {str(k[1]): v for k, v in srv.mem.items() if k[0] == 'ord'},
+            'pct': srv.pct, 'priority': srv.priority, 'legacy': self.legacy,
+            'mem': {str(ordinal): mib for ordinal, mib in sorted(self._applied_mem(srv.mem).items())},
         }
 
     def handle_server(self, conn: socket.socket, peer_pid: int) -> None:
@@ -1115,22 +1244,33 @@ class Daemon:
             client.env_pct = parse_percentage(hello['env_pct'])
         if isinstance(env_mem_raw, str):
             client.env_mem = parse_env_mem(env_mem_raw, self.cfg.gpus)
+        # as real logs show it (reference section 7): a client in another pid namespace (a container)
+        # as pid 0, and every client of a -multiuser-server daemon as user 0 (a namespace that cannot
+        # be read, '-', is taken for the daemon's own)
+        elsewhere = client.namespace not in ('-', self.pid_namespace)
+        who = f'NEW CLIENT {0 if elsewhere else pid} from user {0 if self.multiuser else uid}'
         with self.lock:
             if not isinstance(devices, list) or not all(isinstance(d, int) and 0 <= d < ndev for d in devices) or not devices:
                 reason = 'no CUDA-capable device is detected' if ndev == 0 else 'invalid device ordinal'
-                self.log(f'NEW CLIENT {pid} from user {uid}: {reason}')
+                self.log(f'{who}: {reason}')
                 send_msg(conn, {'ok': False, 'error': 'CUDA_ERROR_NO_DEVICE' if ndev == 0 else 'CUDA_ERROR_INVALID_DEVICE', 'message': reason})
                 return
             client.devices = sorted(set(devices))
             if self.quitting:
-                self.log(f'NEW CLIENT {pid} from user {uid}: daemon is shutting down')
+                self.log(f'{who}: daemon is shutting down')
                 send_msg(conn, {'ok': False, 'error': 'CUDA_ERROR_MPS_CONNECTION_FAILED', 'message': 'the MPS control daemon is shutting down'})
+                return
+            if self.multiuser and self.legacy and uid != 0:
+                # pre-Volta MPS has no multi-user server: the daemon accepted -multiuser-server, its
+                # non-root clients fail cuInit (reference section 4, [O])
+                self.log(f'{who}: operation not permitted')
+                send_msg(conn, {'ok': False, 'error': 'CUDA_ERROR_NOT_PERMITTED', 'message': 'operation not permitted'})
                 return
             srv = self._accepting(self._target_uid(client))
             if srv is not None and srv.state == 'ACTIVE':
-                self.log(f'NEW CLIENT {pid} from user {uid}: Server already exists')
+                self.log(f'{who}: Server already exists')
             else:
-                self.log(f'NEW CLIENT {pid} from user {uid}: Server is not ready, push client to pending list')
+                self.log(f'{who}: Server is not ready, push client to pending list')
             self.pending.append(client)
             self._schedule()
         while recv_msg(conn) is not None:
@@ -1158,12 +1298,16 @@ class Daemon:
         client.server = srv
         client.context_id = srv.next_context
         srv.next_context += 1
-        client.pct = srv.pct if client.env_pct is None else min(srv.pct, client.env_pct)
         client.priority = srv.priority
-        client.mem = {}
-        for ordinal in client.devices:
-            limits = [v for v in (srv.mem.get(('ord', ordinal)), client.env_mem.get(ordinal)) if v]
-            client.mem[ordinal] = min(limits) if limits else None
+        client.mem = {ordinal: None for ordinal in client.devices}
+        if self.legacy:  # limits are Volta features: a legacy server applies none
+            client.pct = 100.0
+        else:
+            client.pct = srv.pct if client.env_pct is None else min(srv.pct, client.env_pct)
+            applied = self._applied_mem(srv.mem)
+            for ordinal in client.devices:
+                limits = [v for v in (applied.get(ordinal), client.env_mem.get(ordinal)) if v]
+                client.mem[ordinal] = min(limits) if limits else None
         srv.clients.append(client)
         if srv.conn is not None:
             send_msg(srv.conn, {'cmd': 'client_connected', 'pid': client.pid, 'context': client.context_id})
@@ -1227,6 +1371,11 @@ class Daemon:
                 if srv.state == 'FAULT' and not self.pending:
                     continue
                 self._send_shutdown(srv)
+
+
+def short_uuid(uuid: str) -> str:
+    """The UUID as ``ps`` prints it: its first four dash-separated fields (``GPU-cb1213a3-d6a4-be7f``)."""
+    return '-'.join(uuid.split('-')[:4])
 
 
 def _pid_namespace(pid: int) -> str:

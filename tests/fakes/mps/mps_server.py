@@ -42,6 +42,7 @@ class Server:
         self.sock: Optional[socket.socket] = None
         self.shm = shm
         self.shm_path: Optional[str] = None
+        self.kind = 'Server'  # the log tag of the server's own lines ('Legacy Server' before Volta)
 
     def log(self, kind: str, message: str) -> None:
         """One line into <pipe>/log (the daemon copies it to server.log)."""
@@ -88,7 +89,7 @@ class Server:
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         except OSError as exc:
-            self.log('Server', f'Failed to create {path}: {exc.strerror or exc}')
+            self.log(self.kind, f'Failed to create {path}: {exc.strerror or exc}')
             return
         self.shm_path = path
         try:
@@ -129,33 +130,38 @@ class Server:
             return 1
         if config.get('cmd') == 'shutdown':
             return 0
+        # a pre-Volta server's lines carry the tag "Legacy Server" where a Volta one's say "Server"
+        # (a real Tesla P4 log: "Legacy Server   425] Failed to start : invalid argument")
+        legacy = bool(config.get('legacy'))
+        self.kind = 'Legacy Server' if legacy else 'Server'
         if config.get('fail'):
-            self.log('Server', f'Failed to start : {config["fail"]}')
+            self.log(self.kind, f'Failed to start : {config["fail"]}')
             return 1
         for dev in config.get('devices', []):
-            self.log('Server', f'Creating server context on device {dev["ordinal"]} ({dev["name"]})')
+            self.log(self.kind, f'Creating server context on device {dev["ordinal"]} ({dev["name"]})')
         if self.shm:
             self.create_shm()
-        self.log('Server', f'Created anonymous shared memory region mps.shm.{os.getuid()}.{self.pid}')
-        self.log('Server', f'CUDA MPS Server for Linux/Unix. Binary version: {config.get("version", "0")}')
-        self.log('Server', f'Active Threads Percentage set to {float(config.get("pct", 100.0)):.1f}')
-        for ordinal, mib in sorted(config.get('mem', {}).items()):
-            self.log('Server', f'Device pinned memory limit for device {ordinal} set to {int(mib) * 1024 * 1024:#x} bytes')
-        self.log('Server', f'Server Priority set to {config.get("priority", 0)}')
-        self.log('Server', 'Server has started')
+        self.log(self.kind, f'Created anonymous shared memory region mps.shm.{os.getuid()}.{self.pid}')
+        self.log(self.kind, f'CUDA MPS Server for Linux/Unix. Binary version: {config.get("version", "0")}')
+        if not legacy:  # limits are Volta features: one line per limit the server applies
+            self.log(self.kind, f'Active Threads Percentage set to {float(config.get("pct", 100.0)):.1f}')
+            for ordinal, mib in sorted(config.get('mem', {}).items(), key=lambda item: int(item[0])):
+                self.log(self.kind, f'Device pinned memory limit for device {ordinal} set to {int(mib) * 1024 * 1024:#x} bytes')
+        self.log(self.kind, f'Server Priority set to {config.get("priority", 0)}')
+        self.log(self.kind, 'Server has started')
         self.send({'type': 'started'})
         while True:
             msg = self.recv()
             if msg is None:
-                self.log('Server', 'Lost connection to the control daemon, exiting')
+                self.log(self.kind, 'Lost connection to the control daemon, exiting')
                 return 1
             cmd = msg.get('cmd')
             if cmd == 'client_connected':
-                self.log('Server', f'Client {{PID: {msg.get("pid")}, Context ID: {msg.get("context")}}} connected')
+                self.log(self.kind, f'Client {{PID: {msg.get("pid")}, Context ID: {msg.get("context")}}} connected')
             elif cmd == 'client_disconnected':
-                self.log('Server', f'Client {{PID: {msg.get("pid")}, Context ID: {msg.get("context")}}} disconnected')
+                self.log(self.kind, f'Client {{PID: {msg.get("pid")}, Context ID: {msg.get("context")}}} disconnected')
             elif cmd == 'shutdown':
-                self.log('Server', 'Server is shutting down')
+                self.log(self.kind, 'Server is shutting down')
                 return 0
 
 

@@ -44,6 +44,7 @@ def run_ui() -> int:
     try:
         stream_name = switch('FAKE_MPS_NO_DAEMON_STREAM')
         fault = switch('FAKE_MPS_FAULT_UI')
+        dropped_rc = 1 if switch('FAKE_MPS_UI_DROPPED') == 'fail' else 0
     except SwitchError as exc:
         print(f'nvidia-cuda-mps-control (simulator): {exc}', file=sys.stderr)
         return 2
@@ -61,12 +62,14 @@ def run_ui() -> int:
     data = sys.stdin.buffer.read().decode(errors='replace')
     commands = [line.rstrip('\r') for line in data.split('\n') if line.strip()]
     out = sys.stdout.buffer
+    answered = 0
     for command in commands:
         if not send_msg(sock, {'cmd': command}):
             break
         reply = recv_msg(sock)
         if reply is None:
             break
+        answered += 1
         text = str(reply.get('out', ''))
         if fault != 'none':
             out.write(GARBAGE)
@@ -81,7 +84,9 @@ def run_ui() -> int:
     if send_msg(sock, {'bye': True}):
         recv_msg(sock)
     sock.close()
-    return 0
+    # the daemon closed the session before answering every command (it died, or quit without an
+    # answer): what it did answer is printed; the status is FAKE_MPS_UI_DROPPED's
+    return dropped_rc if answered < len(commands) else 0
 
 
 def main(argv: list[str]) -> int:

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from conftest import PYTHON, SIM, SimHost, pid_alive, wait_until
+from conftest import PYTHON, SIM, SimHost, pid_alive, wait_until, write_ini
 import mps_common
 import mps_daemon
 import mps_sim
@@ -225,10 +225,14 @@ def _pipe_of_control_length(host: SimHost, length: int) -> str:
     return prefix + 'y' * pad
 
 
+# FAKE_MPS_PIPE_DIR_MAX (87 by default) fails every pipe dir long enough to reach the socket limit: lift it
+LONG_PIPES_ALLOWED = {'FAKE_MPS_PIPE_DIR_MAX': '200'}
+
+
 def test_control_path_of_107_bytes_works(host: SimHost) -> None:
     pipe = _pipe_of_control_length(host, 107)
     assert len(os.path.join(pipe, 'control')) == 107
-    env = {'CUDA_MPS_PIPE_DIRECTORY': pipe}
+    env = {'CUDA_MPS_PIPE_DIRECTORY': pipe, **LONG_PIPES_ALLOWED}
     host.start(env=env)
     assert host.ui(['get_default_active_thread_percentage'], env=env).stdout == '100.0\n'
     assert sorted(os.listdir(pipe)) == sorted(mps_common.PIPE_FILES)
@@ -237,7 +241,7 @@ def test_control_path_of_107_bytes_works(host: SimHost) -> None:
 
 def test_control_path_over_107_bytes_cannot_bind_and_ui_cannot_find_the_daemon(host: SimHost) -> None:
     pipe = _pipe_of_control_length(host, 108)
-    env = {'CUDA_MPS_PIPE_DIRECTORY': pipe}
+    env = {'CUDA_MPS_PIPE_DIRECTORY': pipe, **LONG_PIPES_ALLOWED}
     proc = host.start(env=env, check=False)
     assert (proc.returncode, proc.stdout) == (0, '')  # FAKE_MPS_BIND_FAILURE=silent (default)
     assert host.wait_log(f'Failed to bind socket {pipe}/control')
@@ -376,3 +380,143 @@ def test_d_returns_even_when_the_caller_leaks_a_pipe_to_it(host: SimHost) -> Non
     assert ready and os.read(read_fd, 1) == b''  # EOF: the daemon did not keep the pipe
     os.close(read_fd)
     assert host.out(['get_server_list']) == ''
+
+
+# --------------------------------------------------------------------------
+# FAKE_MPS_LOCK_KIND: which lock on control_lock, and so what /proc/locks shows ([U], reference section 7)
+# --------------------------------------------------------------------------
+
+def proc_locks(path: str) -> list[tuple[str, str]]:
+    """(kind, pid) of every /proc/locks entry on the file at path, e.g. ('POSIX', '4242') or ('OFDLCK', '-1')."""
+    st = os.stat(path)
+    wanted = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+    found = []
+    with open('/proc/locks', encoding='ascii') as handle:
+        for line in handle:
+            fields = line.split()
+            if len(fields) > 1 and fields[1] == '->':  # a waiter, not a holder
+                continue
+            major, minor, inode = fields[5].split(':')
+            if (int(major, 16), int(minor, 16), int(inode)) == wanted:
+                found.append((fields[1], fields[4]))
+    return found
+
+
+@pytest.mark.parametrize('kind,shown', [('', 'POSIX'), ('posix', 'POSIX'), ('ofd', 'OFDLCK'), ('flock', 'FLOCK'), ('hidden', None)])
+def test_lock_kind_decides_what_proc_locks_shows(host: SimHost, kind: str, shown: str) -> None:
+    host.start(env={'FAKE_MPS_LOCK_KIND': kind})
+    pid = host.daemon_pid()
+    lock = os.path.join(host.pipe, 'control_lock')
+    assert stat.S_IMODE(os.stat(lock).st_mode) == 0o666
+    pid_column = '-1' if shown == 'OFDLCK' else str(pid)  # an OFD lock belongs to an open file, not to a process
+    assert proc_locks(lock) == ([] if shown is None else [(shown, pid_column)])
+
+
+@pytest.mark.parametrize('kind', ['posix', 'ofd', 'flock', 'hidden'])
+def test_every_lock_kind_keeps_one_instance_and_dies_with_the_daemon(host: SimHost, kind: str) -> None:
+    env = {'FAKE_MPS_LOCK_KIND': kind}
+    host.start(env=env)
+    pid = host.daemon_pid()
+    again = host.start(env=env, check=False)
+    assert (again.returncode, again.stdout, again.stderr) == (1, 'An instance of this daemon is already running\n', '')
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: not pid_alive(pid), what='daemon death')
+    host.start(env=env)  # the kernel dropped the lock with the process: the leftovers do not block
+    second = host.daemon_pid()
+    assert second != pid
+    host.quit()
+    host.start(env=env)  # nor does a clean quit's
+    assert host.daemon_pid() != second
+
+
+def test_lock_kind_rejects_unknown_values(host: SimHost) -> None:
+    proc = host.start(env={'FAKE_MPS_LOCK_KIND': 'mandatory'}, check=False)
+    assert proc.returncode == 2 and 'FAKE_MPS_LOCK_KIND' in proc.stderr
+
+
+# --------------------------------------------------------------------------
+# FAKE_MPS_PIPE_DIR_MAX: a pipe dir over 87 bytes fails silently ([O], NVIDIA forum, driver 535)
+# --------------------------------------------------------------------------
+
+def _pipe_of_length(host: SimHost, length: int) -> str:
+    prefix = os.path.join(host.base, 'q')
+    return prefix + 'z' * (length - len(prefix))
+
+
+def _processes_naming(text: str) -> list[int]:
+    """Pids whose environment or command line holds text."""
+    found = []
+    for entry in os.listdir('/proc'):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                with open(f'/proc/{entry}/environ', 'rb') as env, open(f'/proc/{entry}/cmdline', 'rb') as cmd:
+                    if text.encode() in env.read() + cmd.read():
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def test_pipe_dir_of_87_bytes_works(host: SimHost) -> None:
+    pipe = _pipe_of_length(host, 87)
+    env = {'CUDA_MPS_PIPE_DIRECTORY': pipe}
+    host.start(env=env)
+    assert host.ui(['get_default_active_thread_percentage'], env=env).stdout == '100.0\n'
+    host.ui(['quit'], env=env)
+
+
+@pytest.mark.parametrize('length', [88, 99])
+def test_pipe_dir_over_87_bytes_fails_silently(host: SimHost, length: int) -> None:
+    pipe = _pipe_of_length(host, length)
+    assert len(pipe.encode()) == length
+    env = {'CUDA_MPS_PIPE_DIRECTORY': pipe}
+    proc = host.start(env=env, check=False)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, '', '')
+    # only the lock and the log FIFO are left, nothing was logged, no daemon stays
+    assert sorted(os.listdir(pipe)) == ['control_lock', 'log']
+    assert stat.S_ISFIFO(os.lstat(os.path.join(pipe, 'log')).st_mode)
+    assert stat.S_IMODE(os.lstat(os.path.join(pipe, 'log')).st_mode) == 0o777
+    assert host.control_log() == []
+    wait_until(lambda: not _processes_naming(pipe), what='no daemon left')
+    assert not proc_locks(os.path.join(pipe, 'control_lock'))
+    ui = host.ui(['get_server_list'], env=env)
+    assert (ui.returncode, ui.stdout) == (1, 'Cannot find MPS control daemon process\n')
+
+
+def test_pipe_dir_max_moves_the_limit(host: SimHost) -> None:
+    pipe = _pipe_of_length(host, 88)
+    env = {'CUDA_MPS_PIPE_DIRECTORY': pipe, 'FAKE_MPS_PIPE_DIR_MAX': '88'}
+    host.start(env=env)
+    assert host.ui(['get_server_list'], env=env).returncode == 0
+    host.ui(['quit'], env=env)
+
+
+def test_pipe_dir_max_is_counted_in_bytes_as_given(host: SimHost) -> None:
+    pipe = os.path.join(host.base, 'é' * 20)  # 40 bytes of name
+    host.start(env={'CUDA_MPS_PIPE_DIRECTORY': pipe, 'FAKE_MPS_PIPE_DIR_MAX': str(len(pipe) + 19)})
+    assert sorted(os.listdir(pipe)) == ['control_lock', 'log']
+
+
+@pytest.mark.parametrize('value', ['long', '-1', '8.5'])
+def test_pipe_dir_max_must_be_a_number_of_bytes(host: SimHost, value: str) -> None:
+    proc = host.start(env={'FAKE_MPS_PIPE_DIR_MAX': value}, check=False)
+    assert proc.returncode == 2 and 'FAKE_MPS_PIPE_DIR_MAX' in proc.stderr
+
+
+# --------------------------------------------------------------------------
+# control.log's third start line on r580+ drivers ([O], reference section 7)
+# --------------------------------------------------------------------------
+
+@pytest.mark.parametrize('driver,cuda,line', [
+    ('580.65.06', '13000', 'CUDA MPS Control binary version: 13000'),
+    ('590.44.01', '13010', 'CUDA MPS Control binary version: 13010'),
+    ('570.124.06', '12080', None),
+    ('535.183.01', '12020', None),
+])
+def test_start_logs_the_binary_version_from_r580(host: SimHost, driver: str, cuda: str, line: str) -> None:
+    write_ini(host.ini, driver=driver, cuda=cuda)
+    host.start()
+    # the daemon's whole log once -d returned: the start lines, in this order
+    assert host.log_messages() == [f'Starting control daemon using socket {host.pipe}/control',
+                                   f'To connect CUDA applications to this daemon, set env CUDA_MPS_PIPE_DIRECTORY={host.pipe}',
+                                   *([line] if line else [])]

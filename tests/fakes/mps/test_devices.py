@@ -81,7 +81,7 @@ def test_daemon_sees_its_visible_devices_in_cuda_order(host: SimHost) -> None:
 def test_ordinals_are_relative_to_cuda_visible_devices(host: SimHost) -> None:
     host.start(env={'CUDA_VISIBLE_DEVICES': '3,1'})
     host.out(['set_default_device_pinned_mem_limit 0 512M', 'set_default_device_pinned_mem_limit 1 2G'])
-    assert host.out(['set_default_device_pinned_mem_limit 2 1G']) == 'Invalid device: 2\n'
+    assert host.out(['set_default_device_pinned_mem_limit 2 1G']) == ''  # no device 2 here: stored, never applied
     info = host.client().info()
     assert [(d['ordinal'], d['uuid']) for d in info['devices']] == [(0, UUIDS[3]), (1, UUIDS[1])]
     assert info['pinned_mem_limit_mib'] == {'0': 512, '1': 2048}
@@ -89,6 +89,8 @@ def test_ordinals_are_relative_to_cuda_visible_devices(host: SimHost) -> None:
     messages = host.log_messages('server')
     assert 'Creating server context on device 0 (Tesla P100-PCIE-16GB)' in messages
     assert 'Creating server context on device 1 (NVIDIA H100 80GB HBM3)' in messages
+    assert [m for m in messages if m.startswith('Device pinned memory limit')] == [
+        'Device pinned memory limit for device 0 set to 0x20000000 bytes', 'Device pinned memory limit for device 1 set to 0x80000000 bytes']
 
 
 def test_two_daemons_side_by_side_each_see_only_their_gpus(make_host: Callable[..., SimHost]) -> None:
@@ -104,11 +106,33 @@ def test_two_daemons_side_by_side_each_see_only_their_gpus(make_host: Callable[.
     assert [d['uuid'] for d in two['devices']] == [UUIDS[1], UUIDS[2]]
 
 
-def test_dev_argument_accepts_a_visible_uuid(host: SimHost) -> None:
+def test_dev_argument_is_not_checked_against_the_devices(host: SimHost) -> None:
+    # NVIDIA's command reference [C]: an ordinal or UUID that does not exist is stored silently, read back
+    # under itself and ignored when a server starts
     host.start(env={'CUDA_VISIBLE_DEVICES': '1'})
-    assert host.out([f'set_default_device_pinned_mem_limit {UUIDS[1]} 1G']) == ''
-    assert host.out([f'set_default_device_pinned_mem_limit {UUIDS[0]} 1G']) == f'Invalid device: {UUIDS[0]}\n'
-    assert host.out([f'set_default_device_pinned_mem_limit {UUIDS[1][:12]} 1G']) == f'Invalid device: {UUIDS[1][:12]}\n'
+    assert host.out([f'set_default_device_pinned_mem_limit {UUIDS[1]} 1G', f'set_default_device_pinned_mem_limit {UUIDS[0]} 2G',
+                     f'set_default_device_pinned_mem_limit {UUIDS[1][:12]} 3G', 'set_default_device_pinned_mem_limit 5 4G']) == ''
+    assert host.out([f'get_default_device_pinned_mem_limit {UUIDS[1]}', f'get_default_device_pinned_mem_limit {UUIDS[0]}',
+                     f'get_default_device_pinned_mem_limit {UUIDS[1][:12]}', 'get_default_device_pinned_mem_limit 5',
+                     'get_default_device_pinned_mem_limit 0']) == '1G\n2G\n3G\n4G\n0M\n'
+    info = host.client().info()
+    assert info['pinned_mem_limit_mib'] == {'0': None}
+    host.wait_log('Server has started', 'server')
+    assert not [m for m in host.log_messages('server') if m.startswith('Device pinned memory limit')]
+    # only a token that is neither an ordinal nor a UUID is refused
+    assert host.out(['set_default_device_pinned_mem_limit first 1G']) == 'Invalid device: first\n'
+
+
+def test_getter_does_not_translate_between_uuid_and_ordinal(running: SimHost) -> None:
+    assert running.out(['set_default_device_pinned_mem_limit 1 1G', f'get_default_device_pinned_mem_limit {UUIDS[1]}',
+                        f'set_default_device_pinned_mem_limit {UUIDS[1]} 2G', 'get_default_device_pinned_mem_limit 1',
+                        f'get_default_device_pinned_mem_limit {UUIDS[1].upper().replace("GPU-", "gpu-")}']) == '0M\n1G\n2G\n'
+
+
+def test_per_server_limit_for_a_missing_device_is_stored_and_ignored(running: SimHost) -> None:
+    spid = running.client('--device', '0').info()['server_pid']
+    assert running.out([f'set_device_pinned_mem_limit {spid} 9 1G', f'get_device_pinned_mem_limit {spid} 9']) == '1G\n'
+    assert running.client('--device', '0').info()['pinned_mem_limit_mib'] == {'0': None}
 
 
 def test_limit_set_by_uuid_is_accepted_but_not_applied(running: SimHost) -> None:
@@ -124,13 +148,22 @@ def test_limit_set_by_uuid_is_accepted_but_not_applied(running: SimHost) -> None
 def test_limit_set_by_uuid_is_applied_with_the_switch(host: SimHost) -> None:
     host.start(env={'FAKE_MPS_UUID_LIMITS': 'applied'})
     host.out([f'set_default_device_pinned_mem_limit {UUIDS[1]} 2G'])
-    assert host.out([f'get_default_device_pinned_mem_limit {UUIDS[1]}', 'get_default_device_pinned_mem_limit 1']) == '2G\n2G\n'
-    assert host.client('--device', '1').info()['pinned_mem_limit_mib'] == {'1': 2048}
+    # still no translation in the getter: the ordinal has no value of its own
+    assert host.out([f'get_default_device_pinned_mem_limit {UUIDS[1]}', 'get_default_device_pinned_mem_limit 1']) == '2G\n0M\n'
+    info = host.client('--device', '1').info()
+    assert info['pinned_mem_limit_mib'] == {'1': 2048}
+    spid = info['server_pid']
+    # of the ordinal and the UUID of one device, the one set last wins
+    host.out([f'set_device_pinned_mem_limit {spid} {UUIDS[1]} 3G', f'set_device_pinned_mem_limit {spid} 1 1G'])
+    assert host.client('--device', '1').info()['pinned_mem_limit_mib'] == {'1': 1024}
+    host.out([f'set_device_pinned_mem_limit {spid} {UUIDS[1]} 3G'])
+    assert host.client('--device', '1').info()['pinned_mem_limit_mib'] == {'1': 3072}
 
 
-def test_daemon_without_gpus_starts_but_clients_and_device_commands_fail(host: SimHost) -> None:
+def test_daemon_without_gpus_starts_but_clients_fail(host: SimHost) -> None:
     host.start(env={'FAKE_NVML_CONFIG': None})
-    assert host.out(['sim_devices', 'set_default_device_pinned_mem_limit 0 1G']) == 'Invalid device: 0\n'
+    # device commands do not look at the devices: stored, as for any missing ordinal
+    assert host.out(['sim_devices', 'set_default_device_pinned_mem_limit 0 1G', 'get_default_device_pinned_mem_limit 0']) == '1G\n'
     rc, out, _err = host.client().rest()
     assert rc == 1 and '"CUDA_ERROR_NO_DEVICE"' in out
 
@@ -145,8 +178,30 @@ def test_env_pinned_limit_keys_follow_the_remapping(host: SimHost) -> None:
     assert host.out(['get_default_device_pinned_mem_limit 0', 'get_default_device_pinned_mem_limit 1']) == '1G\n3G\n'
 
 
-@pytest.mark.parametrize('cc,limit', [('3.5', 16), ('6.1', 16), ('7.0', 48), ('7.5', 48), ('9.0', 48), ('10.0', 48)])
-def test_clients_per_gpu_limit_is_48_from_volta_and_16_before(cc: str, limit: int) -> None:
+@pytest.mark.parametrize('cc,driver,limit', [
+    ('3.5', 0, 16), ('6.1', 560, 16), ('7.0', 560, 48), ('7.5', 535, 48), ('9.0', 580, 48), ('10.0', 589, 48),
+    ('7.0', 590, 60), ('9.0', 590, 60), ('10.0', 615, 60), ('6.1', 590, 16),
+])
+def test_clients_per_gpu_limit_is_16_before_volta_48_from_volta_60_from_r590(cc: str, driver: int, limit: int) -> None:
     major, minor = cc.split('.')
-    gpu = mps_daemon.Gpu(index=0, uuid='GPU-x', name='x', memory_total_mib=1, cc_major=int(major), cc_minor=int(minor))
+    gpu = mps_daemon.Gpu(index=0, uuid='GPU-x', name='x', memory_total_mib=1, cc_major=int(major), cc_minor=int(minor), driver_major=driver)
     assert gpu.max_clients == limit
+
+
+@pytest.mark.parametrize('system,expected', [
+    ('driver_version = 590.44.01\ncuda_driver_version = 13010', (590, '13010')),
+    ('driver_version = 535.183.01\ncuda_driver_version = 12020', (535, '12020')),
+    ('driver_version = bogus', (0, '0')),
+    ('', (0, '0')),
+])
+def test_driver_versions_come_from_the_system_section(tmp_path: os.PathLike, system: str, expected: tuple[int, str]) -> None:
+    path = os.path.join(tmp_path, 'x.ini')
+    with open(path, 'w', encoding='utf-8') as handle:
+        handle.write(f'[system]\n{system}\n')
+    assert mps_daemon.driver_versions(mps_daemon.read_config(path)) == expected
+
+
+def test_the_r590_config_gives_sixty_clients_per_gpu() -> None:
+    path = os.path.join(os.path.dirname(__file__), '..', 'nvml', 'configs', 'h200x1-r590.ini')
+    assert [(g.name, g.max_clients) for g in mps_daemon.load_gpus(path)] == [('NVIDIA H200', 60)]
+    assert mps_daemon.driver_versions(mps_daemon.read_config(path)) == (590, '13010')

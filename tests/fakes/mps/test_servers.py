@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
+import subprocess
 import time
 from typing import Callable
 
-from conftest import NOBODY, SimHost, pid_alive, wait_until, write_ini
+import pytest
+
+from conftest import CLIENT, NOBODY, PYTHON, Client, SimHost, pid_alive, wait_until, write_ini
+import mps_common
 
 
 def proc_uid(pid: int) -> int:
@@ -349,10 +354,13 @@ def test_ps_prints_a_row_per_client(running: SimHost) -> None:
     assert lines[0] == 'PID ID SERVER DEVICE NAMESPACE COMMAND'
     ns = os.readlink(f'/proc/{first.pid}/ns/pid').split('[')[1].rstrip(']')
     row = lines[1].split(' ', 5)
-    assert row[:5] == [str(first.pid), '0', str(spid), 'GPU-6a2b5c1e-1111-4000-8000-000000000001', ns]
+    # the device as a shortened UUID, like NVIDIA's example row `9741 0 6472 GPU-cb1213a3-d6a4-be7f 4026531836 ./nbody`
+    assert row[:5] == [str(first.pid), '0', str(spid), 'GPU-6a2b5c1e-1111-4000', ns]
     assert 'mps_client.py --device 1' in row[5]
-    assert lines[2].split()[:3] == [str(second.pid), '1', str(spid)]
-    assert running.out([f'ps -p {second.pid}']).splitlines()[1:] == lines[2:]
+    assert lines[2].split()[:4] == [str(second.pid), '1', str(spid), 'GPU-6a2b5c1e-0000-4000']
+    # -p takes a SERVER pid: its clients' rows; a client's pid or any other pid selects none
+    assert running.out([f'ps -p {spid}']).splitlines() == lines
+    assert running.out([f'ps -p {second.pid}']) == 'PID ID SERVER DEVICE NAMESPACE COMMAND\n'
     assert running.out(['ps -p 1']) == 'PID ID SERVER DEVICE NAMESPACE COMMAND\n'
 
 
@@ -454,3 +462,126 @@ def test_two_quits_both_return(running: SimHost) -> None:
     client.stop()
     assert first.communicate(timeout=10)[0] == '' and first.returncode == 0
     assert second.communicate(timeout=10)[0] == '' and second.returncode == 0
+
+
+# --------------------------------------------------------------------------
+# Evidence audit (reference section 7): client lines, limit lines, start attempts, client caps, pre-Volta
+# --------------------------------------------------------------------------
+
+def _unshare_works() -> bool:
+    if shutil.which('unshare') is None:
+        return False
+    return subprocess.run(['unshare', '--pid', '--fork', 'true'], capture_output=True, timeout=10, check=False).returncode == 0
+
+
+def test_client_in_another_pid_namespace_is_logged_as_pid_0(running: SimHost) -> None:
+    if not _unshare_works():
+        pytest.skip('cannot create a pid namespace here')
+    proc = subprocess.Popen(['unshare', '--pid', '--fork', PYTHON, CLIENT], stdin=subprocess.PIPE,  # pylint: disable=consider-using-with
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=running.environ())
+    contained = Client(proc)
+    running.clients.append(contained)
+    info = contained.info()
+    assert info['ok'] is True
+    messages = running.log_messages()
+    # the daemon still knows its real pid (get_client_list), the log shows 0, as in containers on real hosts
+    assert 'NEW CLIENT 0 from user 0: Server is not ready, push client to pending list' in messages
+    assert running.out([f'get_client_list {info["server_pid"]}']) == f'{info["client_pid"]}\n'
+    assert not [m for m in messages if m.startswith(f'NEW CLIENT {info["client_pid"]} ')]
+    local = running.client()
+    local.info()
+    assert f'NEW CLIENT {local.pid} from user 0: Server already exists' in running.log_messages()
+
+
+def test_client_connection_is_logged_as_accepting_then_new_client(running: SimHost) -> None:
+    client = running.client()
+    client.info()
+    messages = running.log_messages()
+    index = messages.index(f'NEW CLIENT {client.pid} from user 0: Server is not ready, push client to pending list')
+    assert messages[index - 1] == 'Accepting connection...'
+
+
+def test_multiuser_daemon_logs_every_client_as_user_0(host: SimHost) -> None:
+    host.start('-d', '-multiuser-server')
+    other = host.client(uid=NOBODY)
+    assert other.info()['client_uid'] == NOBODY
+    assert f'NEW CLIENT {other.pid} from user 0: Server is not ready, push client to pending list' in host.log_messages()
+
+
+def test_server_log_has_one_line_per_applied_limit(running: SimHost) -> None:
+    running.out(['set_default_active_thread_percentage 33', 'set_default_device_pinned_mem_limit 0 5G',
+                 'set_default_device_pinned_mem_limit 7 1G', 'set_default_device_pinned_mem_limit GPU-6a2b5c1e-1111-4000-8000-000000000001 2G'])
+    running.client().info()
+    running.wait_log('Server has started', 'server')
+    limits = [m for m in running.log_messages('server') if ' set to ' in m and not m.startswith('Server Priority')]
+    # the quoted real lines; the missing device 7 and the limit set by UUID (FAKE_MPS_UUID_LIMITS=ignored) apply nowhere
+    assert limits == ['Active Threads Percentage set to 33.0', 'Device pinned memory limit for device 0 set to 0x140000000 bytes']
+
+
+def test_a_failing_server_is_started_six_times_then_its_clients_fail(host: SimHost) -> None:
+    assert mps_common.MAX_SERVER_START_ATTEMPTS == 6  # "restarted by the daemon 5 more times" [O]
+    write_ini(host.ini, compute_mode={0: 'prohibited'})
+    host.start(env={'CUDA_VISIBLE_DEVICES': '0'})
+
+    def attempts() -> tuple[int, int]:
+        messages = host.log_messages()
+        return (len([m for m in messages if m.startswith('Starting new server')]),
+                len([m for m in messages if re.fullmatch(r'Server \d+ exited with status 1', m)]))
+
+    rc, out, _err = host.client().rest(timeout=20)
+    assert rc == 1 and '"CUDA_ERROR_MPS_CONNECTION_FAILED"' in out
+    assert attempts() == (6, 6)
+    time.sleep(0.5)
+    assert attempts() == (6, 6)  # no seventh once the waiting clients were failed
+    rc = host.client().rest(timeout=20)[0]  # the next client gets six attempts of its own
+    assert rc == 1 and attempts() == (12, 12)
+
+
+def test_sixty_clients_per_gpu_on_an_r590_driver(host: SimHost) -> None:
+    write_ini(host.ini, gpus=[('NVIDIA H200', 'GPU-c832e971-9447-428e-90fc-bd399a3751d3', 143771, '9.0')], driver='590.44.01', cuda='13010')
+    host.start()
+    assert host.out(['sim_devices']) == '0 GPU-c832e971-9447-428e-90fc-bd399a3751d3 9.0 60 NVIDIA H200\n'
+    clients = [host.client('--device', '0') for _index in range(60)]
+    assert all(client.info(timeout=60)['ok'] for client in clients)
+    rc, out, _err = host.client('--device', '0').rest()
+    assert rc == 1 and '"CUDA_ERROR_MPS_MAX_CLIENTS_REACHED"' in out
+
+
+def test_forty_eight_clients_per_gpu_before_r590(host: SimHost) -> None:
+    write_ini(host.ini, gpus=[('NVIDIA H200', 'GPU-c832e971-9447-428e-90fc-bd399a3751d3', 143771, '9.0')], driver='580.65.06', cuda='13000')
+    host.start()
+    assert host.out(['sim_devices']) == '0 GPU-c832e971-9447-428e-90fc-bd399a3751d3 9.0 48 NVIDIA H200\n'
+
+
+P100_ONLY = {'CUDA_VISIBLE_DEVICES': '3'}  # the default host's Tesla P100, compute capability 6.0
+
+
+def test_pre_volta_server_logs_as_legacy_server_and_applies_no_limits(host: SimHost) -> None:
+    host.start(env=P100_ONLY)
+    host.out(['set_default_active_thread_percentage 25', 'set_default_device_pinned_mem_limit 0 2G'])
+    info = host.client().info()
+    assert info['active_thread_percentage'] == 100.0 and info['pinned_mem_limit_mib'] == {'0': None}
+    spid = info['server_pid']
+    host.wait_log(f'Client {{PID: {info["client_pid"]}, Context ID: 0}} connected', 'server')
+    tags = {re.match(r'^\[\S+ \S+ (Other|Server|Legacy Server) +\d+\]', line).group(1) for line in host.server_log()}  # type: ignore[union-attr]
+    assert tags == {'Other', 'Legacy Server'}
+    messages = host.log_messages('server')
+    assert 'Creating server context on device 0 (Tesla P100-PCIE-16GB)' in messages and 'Server has started' in messages
+    assert not [m for m in messages if 'Active Threads Percentage' in m or 'pinned memory limit' in m]
+    # control.log is the daemon's: the same lines as for any server
+    assert f'NEW SERVER {spid}: Ready' in host.log_messages()
+
+
+def test_a_mixed_gpu_set_runs_a_volta_server(running: SimHost) -> None:
+    running.client().info()  # the default host: H100, H100, V100 and a P100
+    running.wait_log('Server has started', 'server')
+    assert not [line for line in running.server_log() if 'Legacy Server' in line]
+
+
+def test_pre_volta_multiuser_is_accepted_but_only_root_clients_work(host: SimHost) -> None:
+    proc = host.start('-d', '-multiuser-server', env=P100_ONLY)
+    assert (proc.returncode, proc.stdout) == (0, '')
+    rc, out, err = host.client(uid=NOBODY).rest()
+    assert rc == 1 and '"CUDA_ERROR_NOT_PERMITTED"' in out and 'CUDA error 800' in err
+    assert host.client().info()['ok'] is True
+    assert host.out(['get_server_list']).count('\n') == 1

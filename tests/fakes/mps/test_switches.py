@@ -83,7 +83,7 @@ def test_server_cmd_output_pid(host: SimHost) -> None:
     wait_until(lambda: not pid_alive(spid), what='server exit')
 
 
-@pytest.mark.parametrize('value,out', [('0M', '0M\n'), ('0', '0\n'), ('empty', '')])
+@pytest.mark.parametrize('value,out', [('0M', '0M\n'), ('0', '0\n'), ('empty', ''), ('N/A', 'N/A\n'), ('No limit', 'No limit\n')])
 def test_unset_mem_limit(host: SimHost, value: str, out: str) -> None:
     host.start(env={'FAKE_MPS_UNSET_MEM_LIMIT': value})
     assert host.out(['get_default_device_pinned_mem_limit 0']) == out
@@ -138,10 +138,21 @@ def test_mem_readback_exact(host: SimHost) -> None:
                      'set_default_device_pinned_mem_limit 1 2G', 'get_default_device_pinned_mem_limit 1']) == '3840M\n2048M\n'
 
 
+def test_mem_readback_unparseable_answers_na_but_limits_still_apply(host: SimHost) -> None:
+    host.start(env={'FAKE_MPS_MEM_READBACK': 'unparseable'})
+    assert host.out(['get_default_device_pinned_mem_limit 0', 'set_default_device_pinned_mem_limit 0 2G',
+                     'get_default_device_pinned_mem_limit 0']) == 'N/A\nN/A\n'
+    info = host.client('--device', '0').info()
+    assert info['pinned_mem_limit_mib'] == {'0': 2048}
+    spid = info['server_pid']
+    assert host.out([f'get_device_pinned_mem_limit {spid} 0', f'get_device_pinned_mem_limit {spid} 1']) == 'N/A\nN/A\n'
+    host.wait_log('Device pinned memory limit for device 0 set to 0x80000000 bytes', 'server')
+
+
 def test_bind_failure_error(host: SimHost) -> None:
     pipe = os.path.join(host.base, 'z' * (108 - len(host.base) - len('/control') - 1))
     assert len(os.path.join(pipe, 'control')) == 108
-    proc = host.start(env={'FAKE_MPS_BIND_FAILURE': 'error', 'CUDA_MPS_PIPE_DIRECTORY': pipe}, check=False)
+    proc = host.start(env={'FAKE_MPS_BIND_FAILURE': 'error', 'CUDA_MPS_PIPE_DIRECTORY': pipe, 'FAKE_MPS_PIPE_DIR_MAX': '200'}, check=False)
     assert (proc.returncode, proc.stdout) == (1, f'Failed to bind socket {pipe}/control\n')
 
 
@@ -215,8 +226,8 @@ def test_fault_kill_on_kills_the_daemon_mid_batch(host: SimHost) -> None:
     assert files == ALL
     proc = host.ui(['get_default_active_thread_percentage', 'set_default_active_thread_percentage 25',
                     'get_default_active_thread_percentage'])
-    # the UI got the first reply, then lost the connection: it sends nothing more and exits 0, as on any daemon death
-    assert (proc.returncode, proc.stdout, proc.stderr) == (0, '100.0\n', '')
+    # the UI got the first reply, then lost the connection: it sends nothing more and exits 1 (FAKE_MPS_UI_DROPPED=fail)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (1, '100.0\n', '')
     wait_until(lambda: not pid_alive(pid), what='daemon death')
     assert host.log_messages()[-3:] == ['Cmd:get_default_active_thread_percentage', '100.0',
                                         'Cmd:set_default_active_thread_percentage 25']
@@ -228,11 +239,13 @@ def test_fault_kill_on_kills_the_daemon_mid_batch(host: SimHost) -> None:
     assert host.out(['get_default_active_thread_percentage', 'set_default_active_thread_percentage 25']) == '100.0\n25.0\n'
 
 
-def test_fault_kill_on_a_silent_command_looks_like_success_to_the_ui(host: SimHost) -> None:
+@pytest.mark.parametrize('dropped,rc', [('', 1), ('fail', 1), ('ok', 0)])
+def test_fault_kill_on_a_silent_command_shows_only_in_the_ui_status(host: SimHost, dropped: str, rc: int) -> None:
     host.start(env={'FAKE_MPS_FAULT_KILL_ON': 'set_default_device_pinned_mem_limit'})
     pid = host.daemon_pid()
-    proc = host.ui(['set_default_device_pinned_mem_limit 0 2G'])
-    assert (proc.returncode, proc.stdout, proc.stderr) == (0, '', '')  # what a success prints too
+    proc = host.ui(['set_default_device_pinned_mem_limit 0 2G'], env={'FAKE_MPS_UI_DROPPED': dropped})
+    # the output is what a success prints too: only the status (unless FAKE_MPS_UI_DROPPED=ok) tells them apart
+    assert (proc.returncode, proc.stdout, proc.stderr) == (rc, '', '')
     wait_until(lambda: not pid_alive(pid), what='daemon death')
     assert host.log_messages()[-1] == 'Cmd:set_default_device_pinned_mem_limit 0 2G'
     assert host.ui(['get_default_device_pinned_mem_limit 0']).returncode == 1
@@ -243,7 +256,7 @@ def test_fault_kill_on_ends_the_servers_and_their_clients(host: SimHost) -> None
     client = host.client()
     spid = client.info()['server_pid']
     pid = host.daemon_pid()
-    assert host.ui(['quit']).returncode == 0
+    assert host.ui(['quit']).returncode == 1  # the session dropped
     wait_until(lambda: not pid_alive(pid), what='daemon death')
     wait_until(lambda: not pid_alive(spid), what='server exit')
     rc, out, _err = client.rest()
@@ -265,3 +278,30 @@ def test_fault_kill_on_accepts_every_ui_command_and_only_those() -> None:
     assert mps_daemon.DaemonConfig.from_env({'FAKE_MPS_FAULT_KILL_ON': '  '}).fault_kill_on == ''
     with pytest.raises(mps_common.SwitchError):
         mps_daemon.DaemonConfig.from_env({'FAKE_MPS_FAULT_KILL_ON': 'get_server_list 1'})
+
+
+def test_ui_dropped_rejects_unknown_values(running: SimHost) -> None:
+    proc = running.ui(['get_server_list'], env={'FAKE_MPS_UI_DROPPED': 'maybe'})
+    assert proc.returncode == 2 and 'FAKE_MPS_UI_DROPPED' in proc.stderr
+
+
+@pytest.mark.parametrize('dropped,rc', [('', 1), ('ok', 0)])
+def test_quit_reply_drop_stops_everything_without_answering(host: SimHost, dropped: str, rc: int) -> None:
+    host.start(env={'FAKE_MPS_QUIT_REPLY': 'drop'})
+    client = host.client()
+    spid = client.info()['server_pid']
+    pid = host.daemon_pid()
+    quitter = host.ui_background(['get_default_active_thread_percentage', 'quit -t 1'], env={'FAKE_MPS_UI_DROPPED': dropped})
+    out, err = quitter.communicate(timeout=15)
+    assert (quitter.returncode, out, err) == (rc, '100.0\n', '')
+    # by the time the UI saw the session end, the servers were stopped and the files removed: a clean quit
+    assert not pid_alive(spid)
+    assert os.listdir(host.pipe) == ['control_lock']
+    wait_until(lambda: not pid_alive(pid), what='daemon exit')
+    assert client.rest()[0] == 1
+
+
+def test_quit_reply_answer_is_the_default(running: SimHost) -> None:
+    # answered, then the daemon is gone before the UI's goodbye: not a dropped session
+    proc = running.ui(['get_server_list', 'quit'])
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, '', '')

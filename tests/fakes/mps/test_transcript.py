@@ -41,7 +41,7 @@ def test_simulator_meets_the_transcript(results: list[dict], step: dict) -> None
 def test_ps_rows_are_normalised(results: list[dict]) -> None:
     out = next(r for r in results if r['id'] == 'ps')['stdout']
     assert out == ('PID ID SERVER DEVICE NAMESPACE COMMAND\n'
-                   f'<CLIENT1> 0 <SERVER1> GPU-6a2b5c1e-1111-4000-8000-000000000001 {out.split()[10]} <COMMAND>\n')
+                   f'<CLIENT1> 0 <SERVER1> GPU-6a2b5c1e-1111-4000 {out.split()[10]} <COMMAND>\n')
 
 
 def test_terminated_client_exits_non_zero(results: list[dict]) -> None:

@@ -136,8 +136,17 @@ def test_pinned_mem_limit_rejects_bad_values(shared: SimHost, value: str) -> Non
     assert out == f'Invalid value: {value}\n7M\n'
 
 
-@pytest.mark.parametrize('dev', ['4', '-1', 'abc', 'GPU-6a2b5c1e', 'GPU-00000000-0000-0000-0000-000000000000', '0x0'])
-def test_pinned_mem_limit_rejects_devices_the_daemon_does_not_see(shared: SimHost, dev: str) -> None:
+@pytest.mark.parametrize('dev', ['4', '99', 'GPU-6a2b5c1e', 'GPU-00000000-0000-0000-0000-000000000000',
+                                 'MIG-00000000-0000-0000-0000-000000000000'])
+def test_pinned_mem_limit_stores_devices_the_daemon_does_not_see(shared: SimHost, dev: str) -> None:
+    # reference section 3 [C]: DEV is not validated; a missing device's limit is kept and read back
+    assert shared.out([f'set_default_device_pinned_mem_limit {dev} 1G', f'get_default_device_pinned_mem_limit {dev}']) == '1G\n'
+    assert shared.log_messages()[-4:] == [f'Cmd:set_default_device_pinned_mem_limit {dev} 1G', f'Cmd:get_default_device_pinned_mem_limit {dev}',
+                                          '1G', 'UI closed']
+
+
+@pytest.mark.parametrize('dev', ['-1', 'abc', '0x0', '1.0'])
+def test_pinned_mem_limit_rejects_a_malformed_device(shared: SimHost, dev: str) -> None:
     assert shared.out([f'set_default_device_pinned_mem_limit {dev} 1G']) == f'Invalid device: {dev}\n'
     assert shared.out([f'get_default_device_pinned_mem_limit {dev}']) == f'Invalid device: {dev}\n'
 
