@@ -11,8 +11,11 @@ the same device.  Pids and timestamps are normalised, then every step's exit cod
 stdout, stderr, file modes and log lines are compared.
 
 Exit status: 0 when every step tagged C or O (confirmed / observed in the reference)
-matches, 1 when one differs (differences in I / U steps are printed, not failed),
-2 on a usage error.  ``--json FILE`` writes both runs' results.
+matches, 1 when one differs (differences in I / U steps are printed, not failed) or a
+side ran out of time, 2 on a usage error.  ``--json FILE`` writes both runs' results.
+The last lines answer, from the real binary, the questions the simulator's switches
+stand for (transcript.QUESTIONS: lock kind, pipe dir length, quit's exit status, ...).
+Each side has ``--deadline`` seconds; whatever a side started is killed when it ends.
 """
 from __future__ import annotations
 
@@ -22,9 +25,11 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+from types import FrameType
 from typing import Dict, List, Optional, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -88,9 +93,16 @@ def driver_version(smi: str) -> str:
     return proc.stdout.splitlines()[0].strip() if proc.returncode == 0 and proc.stdout.strip() else '0'
 
 
-def write_ini(path: str, gpus: List[Dict[str, str]], driver: str) -> None:
-    """A FAKE_NVML_CONFIG describing this host's GPUs."""
-    lines = ['[system]', f'driver_version = {driver}', 'cuda_driver_version = 0', '']
+def cuda_version(smi: str) -> str:
+    """The driver's CUDA version as NVML reports it (``CUDA Version: 13.0`` in nvidia-smi's banner -> 13000); '0' unknown."""
+    proc = subprocess.run([smi], capture_output=True, text=True, timeout=60, check=False)
+    match = re.search(r'CUDA Version:\s*(\d+)\.(\d+)', proc.stdout)
+    return str(int(match.group(1)) * 1000 + int(match.group(2)) * 10) if match else '0'
+
+
+def write_ini(path: str, gpus: List[Dict[str, str]], driver: str, cuda: str = '0') -> None:
+    """A FAKE_NVML_CONFIG describing this host's GPUs (the driver decides the simulator's client cap and start lines)."""
+    lines = ['[system]', f'driver_version = {driver}', f'cuda_driver_version = {cuda}', '']
     for gpu in gpus:
         lines += [f'[gpu{gpu["index"]}]', f'name = {gpu["name"]}', f'uuid = {gpu["uuid"]}', f'memory_total_mib = {gpu["memory"]}',
                   f'compute_capability = {gpu["cc"]}', 'compute_mode = default', 'mig_mode = disabled', '']
@@ -98,17 +110,41 @@ def write_ini(path: str, gpus: List[Dict[str, str]], driver: str) -> None:
         handle.write('\n'.join(lines))
 
 
-def run_side(base: str, control: List[str], client: List[str], extra_env: Dict[str, str]) -> List[dict]:
-    """Play the transcript in base/{p,l}; results with base replaced by <BASE>."""
+class Deadline(Exception):
+    """A side ran longer than --deadline."""
+
+
+def _deadline(_signum: int, _frame: Optional[FrameType]) -> None:
+    raise Deadline()
+
+
+def run_side(base: str, control: List[str], client: List[str], extra_env: Dict[str, str], deadline: int = 0) -> List[dict]:
+    """Play the transcript in base/{p,l}; results with base replaced by <BASE>.
+
+    With a deadline (seconds) the run stops there: the steps played so far, then a ``deadline``
+    step (tag C: a hard difference); the runner has killed what it started either way.
+    """
     env = {k: v for k, v in os.environ.items() if not k.startswith(('CUDA_MPS_', 'FAKE_MPS_'))}
     env.update({'CUDA_MPS_PIPE_DIRECTORY': os.path.join(base, 'p'), 'CUDA_MPS_LOG_DIRECTORY': os.path.join(base, 'l')})
     env.update(extra_env)
-    results = transcript.Runner(control, client, env).run()
+    runner = transcript.Runner(control, client, env)
+    previous = signal.signal(signal.SIGALRM, _deadline)
+    signal.alarm(deadline)
+    try:
+        results = runner.run()
+    except Deadline:
+        done = runner.results[-1]['id'] if runner.results else 'none'
+        results = runner.results + [{'id': 'deadline', 'op': 'deadline', 'tag': 'C',
+                                     'data': f'stopped by the {deadline}s deadline or a TERM; last step done: {done}'}]
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
     return json.loads(json.dumps(results).replace(base, '<BASE>'))
 
 
 ASYNC_RE = re.compile(r'\] (NEW CLIENT |NEW SERVER |Starting new server |Server \S+ (exited|was terminated|encountered)|'
-                      r'User did not send valid credentials|Starting control daemon|To connect CUDA|Client \S+ rejected)')
+                      r'User did not send valid credentials|Starting control daemon|To connect CUDA|CUDA MPS Control binary version|'
+                      r'Client \S+ rejected)')
 
 
 def log_view(text: str) -> Dict[str, List[str]]:
@@ -178,7 +214,9 @@ def main(argv: List[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n', 1)[0])
     parser.add_argument('--json', help='write both runs here')
     parser.add_argument('--keep', action='store_true', help='keep the temporary directories')
+    parser.add_argument('--deadline', type=int, default=240, help='seconds each side may run (default 240)')
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _deadline)  # an outer timeout (run.sh) ends a side like its deadline: cleaned up
 
     real, others = find_real(NAME)
     if real is None:
@@ -202,12 +240,16 @@ def main(argv: List[str]) -> int:
     os.chmod(root, 0o755)
     try:
         ini = os.path.join(root, 'nvml.ini')
-        write_ini(ini, gpus, driver_version(smi))
+        driver = driver_version(smi)
+        write_ini(ini, gpus, driver, cuda_version(smi))
         device = {'CUDA_VISIBLE_DEVICES': gpus[0]['uuid']}
-        print(f'real binary: {real}; device: {gpus[0]["name"]} {gpus[0]["uuid"]}; python: {sys.executable}')
-        real_results = run_side(os.path.join(root, 'r'), [real], [sys.executable, os.path.join(HERE, 'cuda_client.py')], device)
+        print(f'real binary: {real}; driver {driver}; device: {gpus[0]["name"]} {gpus[0]["uuid"]}; uid {os.geteuid()}; '
+              f'python: {sys.executable}', flush=True)
+        real_results = run_side(os.path.join(root, 'r'), [real], [sys.executable, os.path.join(HERE, 'cuda_client.py')], device,
+                                args.deadline)
         sim_results = run_side(os.path.join(root, 's'), [sys.executable, os.path.join(SIM_DIR, 'mps_sim.py')],
-                               [sys.executable, os.path.join(SIM_DIR, 'mps_client.py')], dict(device, FAKE_NVML_CONFIG=ini))
+                               [sys.executable, os.path.join(SIM_DIR, 'mps_client.py')], dict(device, FAKE_NVML_CONFIG=ini),
+                               args.deadline)
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
@@ -218,9 +260,15 @@ def main(argv: List[str]) -> int:
     print('\n'.join(report))
     print(f'{len(real_results)} steps: {len(real_results) - differing} same, {differing} differ ({hard} of them tagged C/O)')
     for step, result in zip(transcript.STEPS, real_results):
-        for problem in transcript.check(step, result):
+        for problem in transcript.check(step, result) if result['id'] == step['id'] else []:
             print(f'real binary misses the reference: {problem}')
-    return 1 if hard else 0
+    late = [(side, r['data']) for side, rs in (('real', real_results), ('simulator', sim_results)) for r in rs if r['id'] == 'deadline']
+    for side, text in late:
+        print(f'DEADLINE ({side} run): {text}')
+    print('What the real binary answered (transcript.QUESTIONS):')
+    for line in transcript.answers(real_results):
+        print(f'  {line}')
+    return 1 if hard or late else 0
 
 
 if __name__ == '__main__':

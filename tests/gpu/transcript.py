@@ -15,15 +15,17 @@ Standard library only; runs on python3 >= 3.8.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
 import select
 import signal
+import socket
 import stat
 import subprocess
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 NO_DAEMON = 'Cannot find MPS control daemon process\n'
 ALREADY = 'An instance of this daemon is already running\n'
@@ -35,16 +37,24 @@ PIPE_MODES = {
     'nvidia-cuda-mps-control.pid': 'file 0666',
 }
 
+MISSING_UUID = 'GPU-00000000-0000-0000-0000-000000000000'
+
 # op: ui (commands), start (args), client (name, args), client_stop (name), client_state (name),
-#     files, pidfile, wait_daemon_exit, log (which)
+#     files, pidfile, wait_daemon_exit, log (which), locks (/proc/locks on control_lock),
+#     socket (connect to <pipe>/control), pipe_length (a -d of its own in a pipe dir of `length` bytes)
 STEPS: List[dict] = [
     {'id': 'no-daemon', 'op': 'ui', 'tag': 'O', 'commands': ['get_server_list'], 'expect': {'rc': 1, 'stdout+stderr': NO_DAEMON}},
     {'id': 'start', 'op': 'start', 'tag': 'C', 'args': ['-d'], 'expect': {'rc': 0, 'stdout': '', 'stderr': ''}},
     {'id': 'start-again', 'op': 'start', 'tag': 'O', 'args': ['-d'], 'expect': {'rc': 1, 'stdout': ALREADY}},
     {'id': 'files-running', 'op': 'files', 'tag': 'O', 'expect': {'data': PIPE_MODES}},
+    # which lock the daemon holds on control_lock, as /proc/locks shows it (FAKE_MPS_LOCK_KIND)
+    {'id': 'locks-running', 'op': 'locks', 'tag': 'U', 'expect': {'data': ['POSIX ADVISORY WRITE <DAEMON1>']}},
+    {'id': 'socket-running', 'op': 'socket', 'tag': 'I', 'expect': {'data': 'accepts'}},
     {'id': 'pidfile', 'op': 'pidfile', 'tag': 'O', 'expect': {'data': '<DAEMON1>'}},
     {'id': 'initial', 'op': 'ui', 'tag': 'O', 'commands': ['get_server_list', 'get_default_active_thread_percentage'],
      'expect': {'rc': 0, 'stdout': '100.0\n'}},
+    # the reply of a getter for a limit never set (FAKE_MPS_UNSET_MEM_LIMIT)
+    {'id': 'mem-unset', 'op': 'ui', 'tag': 'U', 'commands': ['get_default_device_pinned_mem_limit 0'], 'expect': {'rc': 0, 'stdout': '0M\n'}},
     {'id': 'unknowns', 'op': 'ui', 'tag': 'U',
      'commands': ['get_default_client_priority', 'bogus_command', 'set_default_active_thread_percentage 0',
                   'set_default_device_pinned_mem_limit 0 12X', 'get_default_device_pinned_mem_limit 0',
@@ -56,6 +66,11 @@ STEPS: List[dict] = [
                   'get_default_device_pinned_mem_limit 0', 'set_default_device_pinned_mem_limit 0 1044M',
                   'get_default_device_pinned_mem_limit 0'],
      'expect': {'rc': 0, 'stdout': '25.0\n30.0\n30.0\n3G\n1G\n'}},
+    # DEV is not validated: a device the daemon does not have (it sees one GPU) is stored silently
+    {'id': 'mem-missing-device', 'op': 'ui', 'tag': 'C',
+     'commands': ['set_default_device_pinned_mem_limit 7 2G', 'get_default_device_pinned_mem_limit 7',
+                  f'set_default_device_pinned_mem_limit {MISSING_UUID} 2G', f'get_default_device_pinned_mem_limit {MISSING_UUID}'],
+     'expect': {'rc': 0, 'stdout': '2G\n2G\n'}},
     {'id': 'client1', 'op': 'client', 'tag': 'C', 'name': 'c1', 'args': []},
     {'id': 'server-list', 'op': 'ui', 'tag': 'C', 'commands': ['get_server_list'], 'expect': {'rc': 0, 'stdout': '<SERVER1>\n'}},
     {'id': 'server-state', 'op': 'ui', 'tag': 'I',
@@ -63,6 +78,7 @@ STEPS: List[dict] = [
                   'get_device_pinned_mem_limit {server} 0'],
      'expect': {'rc': 0, 'stdout': 'ACTIVE\n<CLIENT1>\n30.0\n1G\n'}},
     {'id': 'ps', 'op': 'ui', 'tag': 'C', 'commands': ['ps'], 'normalise': 'ps'},
+    {'id': 'ps-p-server', 'op': 'ui', 'tag': 'C', 'commands': ['ps -p {server}'], 'normalise': 'ps'},
     {'id': 'device-client-list', 'op': 'ui', 'tag': 'U', 'commands': ['get_device_client_list']},
     {'id': 'per-server-set', 'op': 'ui', 'tag': 'I',
      'commands': ['set_active_thread_percentage {server} 40', 'get_active_thread_percentage {server}', 'get_default_active_thread_percentage'],
@@ -75,9 +91,12 @@ STEPS: List[dict] = [
     {'id': 'client1-stop', 'op': 'client_stop', 'tag': 'C', 'name': 'c1', 'expect': {'rc': 0}},
     {'id': 'idle-server', 'op': 'ui', 'tag': 'C', 'commands': ['get_server_list', 'get_client_list {server}'], 'settle': True,
      'expect': {'rc': 0, 'stdout': '<SERVER1>\n'}},
-    {'id': 'quit', 'op': 'ui', 'tag': 'C', 'commands': ['quit'], 'expect': {'rc': 0, 'stdout': ''}},
+    # quit's output is [C] (nothing), its exit status [U] (FAKE_MPS_QUIT_REPLY)
+    {'id': 'quit', 'op': 'ui', 'tag': 'U', 'commands': ['quit'], 'expect': {'rc': 0, 'stdout': ''}},
     {'id': 'daemon-exit', 'op': 'wait_daemon_exit', 'tag': 'C', 'expect': {'rc': 0}},
     {'id': 'files-after-quit', 'op': 'files', 'tag': 'U', 'expect': {'data': {'control_lock': 'file 0666'}}},
+    {'id': 'locks-after-quit', 'op': 'locks', 'tag': 'U', 'expect': {'data': []}},
+    {'id': 'socket-after-quit', 'op': 'socket', 'tag': 'U', 'expect': {'data': 'ENOENT'}},
     {'id': 'after-quit', 'op': 'ui', 'tag': 'O', 'commands': ['get_server_list'], 'expect': {'rc': 1, 'stdout+stderr': NO_DAEMON}},
     {'id': 'restart', 'op': 'start', 'tag': 'C', 'args': ['-d'], 'expect': {'rc': 0, 'stdout': ''}},
     {'id': 'defaults-lost', 'op': 'ui', 'tag': 'C', 'commands': ['get_default_active_thread_percentage', 'get_server_list'],
@@ -87,10 +106,39 @@ STEPS: List[dict] = [
     {'id': 'server-ready', 'op': 'ui', 'tag': 'C', 'commands': ['get_server_status {server}'], 'settle': True, 'expect': {'rc': 0, 'stdout': 'ACTIVE\n'}},
     {'id': 'shutdown-server', 'op': 'ui', 'tag': 'U', 'commands': ['shutdown_server {server}'], 'expect': {'rc': 0, 'stdout': ''}},
     {'id': 'server-gone', 'op': 'ui', 'tag': 'C', 'commands': ['get_server_list'], 'settle': True, 'expect': {'rc': 0, 'stdout': ''}},
-    {'id': 'quit-t', 'op': 'ui', 'tag': 'C', 'commands': ['quit -t 5'], 'expect': {'rc': 0, 'stdout': ''}},
+    # a forced quit with a client held: its exit status is [U], the client's fate [I]
+    {'id': 'client3', 'op': 'client', 'tag': 'C', 'name': 'c3', 'args': []},
+    {'id': 'quit-t', 'op': 'ui', 'tag': 'U', 'commands': ['quit -t 2'], 'expect': {'rc': 0, 'stdout': ''}},
+    {'id': 'quit-t-client', 'op': 'client_state', 'tag': 'I', 'name': 'c3', 'expect': {'data': 'exited non-zero'}},
     {'id': 'daemon-exit-2', 'op': 'wait_daemon_exit', 'tag': 'C', 'expect': {'rc': 0}},
     {'id': 'control-log', 'op': 'log', 'tag': 'O', 'which': 'control.log'},
     {'id': 'server-log', 'op': 'log', 'tag': 'U', 'which': 'server.log'},
+    # the pipe dir length limit (FAKE_MPS_PIPE_DIR_MAX): 87 bytes work, 88 fail without a word [O]
+    {'id': 'pipe-87', 'op': 'pipe_length', 'tag': 'O', 'length': 87,
+     'expect': {'rc': 0, 'stdout': '', 'data': {'files': sorted(PIPE_MODES), 'control_log': 'written', 'daemon': 'running',
+                                                'ui': '0 '}}},
+    {'id': 'pipe-88', 'op': 'pipe_length', 'tag': 'O', 'length': 88,
+     'expect': {'rc': 0, 'stdout': '', 'data': {'files': ['control_lock', 'log'], 'control_log': 'nothing', 'daemon': 'gone',
+                                                'ui': '1 ' + NO_DAEMON}}},
+]
+
+# What the first GPU run must answer (reference section 7 and issue 17): label, step id, result field
+QUESTIONS: List[Tuple[str, str, str]] = [
+    ('lock on control_lock in /proc/locks (daemon running)', 'locks-running', 'data'),
+    ('lock on control_lock in /proc/locks (after quit)', 'locks-after-quit', 'data'),
+    ('connect to <pipe>/control (daemon running)', 'socket-running', 'data'),
+    ('connect to <pipe>/control (after quit)', 'socket-after-quit', 'data'),
+    ('pipe dir of 87 bytes', 'pipe-87', 'all'),
+    ('pipe dir of 88 bytes', 'pipe-88', 'all'),
+    ('quit - UI exit status and output', 'quit', 'all'),
+    ('quit -t 2 with a client held - UI exit status and output', 'quit-t', 'all'),
+    ('the client held through quit -t', 'quit-t-client', 'data'),
+    ('files left after a clean quit', 'files-after-quit', 'data'),
+    ('get_default_device_pinned_mem_limit 0, never set', 'mem-unset', 'stdout'),
+    ('set/get of a limit on ordinal 7 and on a missing UUID', 'mem-missing-device', 'stdout'),
+    ('control.log start lines (binary version line?)', 'control-log', 'start'),
+    ('ps', 'ps', 'stdout'),
+    ('ps -p <server pid>', 'ps-p-server', 'stdout'),
 ]
 
 TS_RE = re.compile(r'\[\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}\.\d{3} ')
@@ -111,6 +159,7 @@ class Runner:
         self.counts: Dict[str, int] = {}
         self.clients: Dict[str, subprocess.Popen] = {}
         self.daemon_pids: List[int] = []
+        self.results: List[dict] = []  # filled step by step: what ran survives an interrupted run
 
     # ------------------------------------------------------------ pids and text
 
@@ -163,16 +212,16 @@ class Runner:
     # ------------------------------------------------------------ steps
 
     def run(self, steps: Optional[List[dict]] = None) -> List[dict]:
-        """Play the steps; a result per step."""
-        results = []
+        """Play the steps; a result per step (also in self.results as they come)."""
+        self.results = []
         try:
             for step in STEPS if steps is None else steps:
                 result = self.step(step)
                 result.update({'id': step['id'], 'op': step['op'], 'tag': step['tag']})
-                results.append(result)
+                self.results.append(result)
         finally:
             self.cleanup()
-        return results
+        return self.results
 
     def step(self, step: dict) -> dict:  # pylint: disable=too-many-return-statements,too-many-branches
         """One step; a dict with rc/stdout/stderr/data as they apply."""
@@ -227,7 +276,42 @@ class Runner:
             except OSError:
                 text = ''
             return {'data': self.normalise(text)}
+        if op == 'locks':
+            return {'data': [self.normalise(entry) for entry in proc_locks(os.path.join(self.pipe, 'control_lock'))]}
+        if op == 'socket':
+            return {'data': try_connect(os.path.join(self.pipe, 'control'))}
+        if op == 'pipe_length':
+            return self.pipe_length(step['length'])
         raise ValueError(f'unknown op {op}')
+
+    def pipe_length(self, length: int) -> dict:
+        """``-d`` with a pipe dir of exactly ``length`` bytes (next to the main one, own log dir); what it left.
+
+        Whatever it started is quit, then killed: nothing of it outlives the step.
+        """
+        base = os.path.dirname(self.pipe)
+        prefix = os.path.join(base, f'pipe{length}-')
+        pipe = prefix + 'x' * (length - len(prefix.encode()))
+        logdir = os.path.join(base, f'log{length}')
+        env = dict(self.env, CUDA_MPS_PIPE_DIRECTORY=pipe, CUDA_MPS_LOG_DIRECTORY=logdir)
+        proc = subprocess.run(self.control + ['-d'], env=env, capture_output=True, text=True, timeout=self.timeout, check=False)
+        time.sleep(1.0)  # a daemon that dies on its own has done so by now
+        files = snapshot(pipe)
+        try:
+            written = os.path.getsize(os.path.join(logdir, 'control.log')) > 0
+        except OSError:
+            written = False
+        owners = processes_with(f'CUDA_MPS_PIPE_DIRECTORY={pipe}')
+        ui = subprocess.run(self.control, input='get_server_list\n', env=env, capture_output=True, text=True, timeout=self.timeout, check=False)
+        data = {'files': None if files is None else sorted(files), 'control_log': 'written' if written else 'nothing',
+                'daemon': 'running' if owners else 'gone', 'ui': f'{ui.returncode} {ui.stdout}{ui.stderr}'}
+        if owners:
+            try:
+                subprocess.run(self.control, input='quit -t 1\n', env=env, capture_output=True, text=True, timeout=self.timeout, check=False)
+            except subprocess.TimeoutExpired:
+                pass
+            kill_all(processes_with(f'CUDA_MPS_PIPE_DIRECTORY={pipe}'))
+        return {'rc': proc.returncode, 'stdout': self.normalise(proc.stdout), 'stderr': self.normalise(proc.stderr), 'data': data}
 
     def ui_step(self, step: dict, commands: List[str]) -> dict:
         """A UI batch (placeholders already filled); normalised output."""
@@ -276,12 +360,10 @@ class Runner:
                 self.ui(['quit -t 1'])
             except subprocess.TimeoutExpired:
                 pass
-        for pid in pids + [p for p, t in self.tokens.items() if t.startswith('<SERVER')]:
-            if alive(pid):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
+        kill_all(pids + [p for p, t in self.tokens.items() if t.startswith('<SERVER')])
+        # anything else started with this run's directories (a daemon of a pipe_length step, a server
+        # the run never learnt of): its environment names them
+        kill_all(processes_with(os.path.dirname(self.pipe) + os.sep))
 
 
 def alive(pid: int) -> bool:
@@ -291,6 +373,84 @@ def alive(pid: int) -> bool:
             return handle.read().rsplit(')', 1)[1].split()[0] != 'Z'
     except (OSError, IndexError):
         return False
+
+
+def kill_all(pids: List[int]) -> None:
+    """SIGKILL the live ones, wait (briefly) until they are gone."""
+    for pid in pids:
+        if alive(pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    deadline = time.monotonic() + 5
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def processes_with(text: str) -> List[int]:
+    """Pids (not this one) whose environment holds text (root reads every process's)."""
+    found = []
+    for entry in os.listdir('/proc'):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                with open(f'/proc/{entry}/environ', 'rb') as handle:
+                    if text.encode() in handle.read():
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def proc_locks(path: str) -> List[str]:
+    """The /proc/locks entries held on a file: ``KIND MODE ACCESS PID`` each (e.g. ``POSIX ADVISORY WRITE 4242``)."""
+    try:
+        st = os.stat(path)
+        with open('/proc/locks', encoding='ascii') as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return []
+    wanted = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+    found = []
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 6 or fields[1] == '->':  # '->': a waiter, not a holder
+            continue
+        parts = fields[5].split(':')
+        if len(parts) == 3 and (int(parts[0], 16), int(parts[1], 16), int(parts[2])) == wanted:
+            found.append(' '.join(fields[1:5]))
+    return found
+
+
+def try_connect(path: str) -> str:
+    """Whether a daemon answers on its control socket: ``accepts`` or the errno's name (ENOENT, ECONNREFUSED...)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        sock.connect(path)
+        return 'accepts'
+    except OSError as exc:
+        return errno.errorcode.get(exc.errno or 0, str(exc))
+    finally:
+        sock.close()
+
+
+def answers(results: List[dict]) -> List[str]:
+    """The QUESTIONS with what a run answered, one line each."""
+    by_id = {r['id']: r for r in results}
+    lines = []
+    for label, step_id, field in QUESTIONS:
+        result = by_id.get(step_id)
+        if result is None:
+            value: object = 'not run'
+        elif field == 'all':
+            value = {k: result[k] for k in ('rc', 'stdout', 'stderr', 'data') if k in result}
+        elif field == 'start':
+            value = [line.split('] ', 1)[-1] for line in (result.get('data') or '').splitlines()
+                     if re.search(r'\] (Starting control daemon|To connect CUDA|CUDA MPS Control binary version)', line)]
+        else:
+            value = result.get(field)
+        lines.append(f'{label}: {json.dumps(value, sort_keys=True)}')
+    return lines
 
 
 def snapshot(pipe: str) -> Optional[Dict[str, str]]:

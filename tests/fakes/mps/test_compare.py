@@ -8,6 +8,7 @@ import subprocess
 
 from conftest import CLIENT, PYTHON, REPO, SIM, SimHost, write_ini
 import compare_mps
+import transcript
 
 COMPARE = os.path.join(REPO, 'tests', 'gpu', 'compare_mps.py')
 RUN_SH = os.path.join(REPO, 'tests', 'gpu', 'run.sh')
@@ -56,3 +57,28 @@ def test_a_difference_is_reported_with_a_diff() -> None:
     assert 'DIFFERS [U] x: stdout' in report[0]
     assert '    -NORMAL' in report and '    +0' in report
     assert report[-1] == 'same    [C] y'
+
+
+def test_a_side_past_its_deadline_stops_and_leaves_no_process(host: SimHost) -> None:
+    write_ini(host.ini)
+    base = os.path.join(host.base, 'd')
+    results = compare_mps.run_side(base, [PYTHON, SIM], [PYTHON, CLIENT], {'FAKE_NVML_CONFIG': host.ini}, deadline=1)
+    assert results[-1]['id'] == 'deadline' and 'last step done' in results[-1]['data']
+    assert len(results) < len(transcript.STEPS)
+    assert not transcript.processes_with(base + os.sep)
+
+
+def test_cuda_version_comes_from_the_nvidia_smi_banner(host: SimHost) -> None:
+    smi = os.path.join(host.base, 'nvidia-smi')
+    with open(smi, 'w', encoding='utf-8') as handle:
+        handle.write('#!/bin/sh\necho "| NVIDIA-SMI 580.105.08   Driver Version: 580.105.08   CUDA Version: 13.0     |"\n')
+    os.chmod(smi, 0o755)
+    assert compare_mps.cuda_version(smi) == '13000'
+    assert compare_mps.cuda_version('/bin/true') == '0'
+
+
+def test_the_binary_version_line_is_compared_with_the_start_lines() -> None:
+    view = compare_mps.log_view('[<TS> Control <DAEMON1>] Starting control daemon using socket <BASE>/p/control\n'
+                                '[<TS> Control <DAEMON1>] CUDA MPS Control binary version: 13000\n')
+    assert view == {'ui_sessions': [], 'other_lines': ['[<TS> Control <DAEMON1>] CUDA MPS Control binary version: 13000',
+                                                       '[<TS> Control <DAEMON1>] Starting control daemon using socket <BASE>/p/control']}
