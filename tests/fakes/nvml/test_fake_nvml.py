@@ -69,6 +69,7 @@ SPEC: dict[str, list[tuple[str, int, tuple[int, int], str]]] = {
     "t4x4.ini": [("Tesla T4", 15360, (7, 5), "unsupported")] * 4,
     "l40s.ini": [("NVIDIA L40S", 46068, (8, 9), "unsupported")],
     "p100x2.ini": [("Tesla P100-PCIE-16GB", 16280, (6, 0), "unsupported")] * 2,
+    "h200x1-r590.ini": [("NVIDIA H200", 143771, (9, 0), "disabled")],
 }
 
 CHILD_PRELUDE = """
