@@ -208,6 +208,20 @@ def expect_silent(reply: Reply) -> None:
         raise ControlCommandError('the MPS control daemon rejected %r: %s' % (reply.command, reply.text))
 
 
+def check_applied(replies: t.Sequence[Reply]) -> None:
+    """Every ``set_*`` command of a batch was accepted: a percentage setter echoes the value, the others print nothing.
+
+    The UI's exit status is 0 even when a command is rejected, so each reply is looked at; the first
+    rejected one raises with the daemon's own text.
+    """
+    for reply in replies:
+        verb = reply.command.split()[0]
+        if verb in PERCENT_COMMANDS:
+            parse_percentage(reply)
+        elif verb.startswith('set_'):
+            expect_silent(reply)
+
+
 def parse_pids(reply: Reply) -> t.List[int]:
     """Parse a list of pids (one per line, or whitespace separated)."""
     words = ' '.join(reply.lines).split()

@@ -24,8 +24,10 @@ import time
 import typing as t
 from dataclasses import dataclass, field
 
-from ._control import ControlClient, Reply, SENTINEL, parse_percentage
-from ._errors import ControlBinaryError, ControlCommandError, DaemonNotRunningError, DaemonTimeoutError, InvalidParameterError, MpsError
+from ._control import ControlClient, Reply, SENTINEL, check_applied, parse_percentage
+from ._errors import (
+    ControlBinaryError, ControlCommandError, DaemonNotRunningError, DaemonTimeoutError, InvalidParameterError, MpsError, ReplayRejectedError,
+)
 from ._io import ensure_dir
 from ._root import DEFAULT_LOG_MODE, ResourcePaths
 
@@ -34,6 +36,11 @@ LOCK_FILE = 'control_lock'
 ALREADY_RUNNING_TEXT = 'An instance of this daemon is already running'
 # Files a daemon leaves in its pipe directory; which of them a clean quit removes is undocumented.
 PIPE_DIR_FILES = ('control', 'control_privileged', 'log', PID_FILE)
+# What the daemon writes in its log directory.
+LOG_FILES = ('control.log', 'server.log')
+# The per-resource lock every writer of the resource takes, in <root>/<name>/.
+RESOURCE_LOCK = '.lock'
+
 # Passed through to the daemon from the module's environment: where the driver's libraries are.
 PASSTHROUGH_ENV = ('PATH', 'LD_LIBRARY_PATH')
 # The pipe directory of a daemon started without CUDA_MPS_PIPE_DIRECTORY.
@@ -343,7 +350,7 @@ class Daemon:
         return self.check_answer(self.query([SENTINEL])[0])
 
     def lock(self) -> 'ResourceLock':
-        return ResourceLock(os.path.join(self.paths.resource_dir, '.lock'))
+        return resource_lock(self.paths)
 
     def start(self, uuids: t.Sequence[str], multiuser: bool, replay: t.Sequence[str] = ()) -> int:
         """Run ``-d``, wait until the daemon answers, replay ``replay`` in the first UI session; return its pid."""
@@ -374,7 +381,7 @@ class Daemon:
         try:
             self.wait_ready(replay)
         except (ControlBinaryError, ControlCommandError, DaemonNotRunningError, DaemonTimeoutError) as exc:
-            if not replay or inspect(self.paths).running:
+            if not replay or isinstance(exc, ReplayRejectedError) or inspect(self.paths).running:
                 raise
             # Killed (or crashed) after -d answered but before the session carrying the replay ended.
             raise MpsError('the MPS control daemon for %s died while its persisted limits were being replayed (%s); '
@@ -421,13 +428,23 @@ class Daemon:
             try:
                 replies = self.query(list(replay) + [SENTINEL])
                 self.check_answer(replies[-1])
-                return replies
             except DaemonNotRunningError:
                 if time.monotonic() + delay > deadline:
                     raise DaemonTimeoutError('the MPS control daemon for %s did not start answering within %ss (see %s)' % (
                         self.paths.name, self.start_timeout, self.control_log), log_file=self.control_log) from None
                 self.sleep(delay)
                 delay = min(delay * 2, 0.25)
+                continue
+            try:
+                check_applied(replies[:-1])
+            except ControlCommandError as exc:
+                pid = read_pid_file(self.paths.pipe_dir)
+                raise ReplayRejectedError(
+                    'the MPS control daemon for %s (pid %s) rejected a persisted limit replayed at its start - %s; it was left '
+                    'running, and nothing was recorded as started (fix the limit with gpufleet.mps.mps_limits; see %s)' % (
+                        self.paths.name, pid if pid else 'unknown', exc.msg, self.control_log),
+                    pid=pid, log_file=self.control_log) from None
+            return replies
 
     def stop(self, pid: t.Optional[int]) -> bool:
         """``quit -t <stop_timeout>`` and wait for the daemon to be gone; return True when it had to be forced.
@@ -482,6 +499,11 @@ def _is_zombie(pid: int) -> bool:
             return handle.read().rsplit(')', 1)[1].split()[0] == 'Z'
     except (OSError, IndexError):
         return False
+
+
+def resource_lock(paths: ResourcePaths) -> 'ResourceLock':
+    """The lock of one resource (``<root>/<name>/.lock``): every writer of the resource takes it, daemon running or not."""
+    return ResourceLock(os.path.join(paths.resource_dir, RESOURCE_LOCK))
 
 
 class ResourceLock:

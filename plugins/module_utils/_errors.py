@@ -60,3 +60,7 @@ class DaemonTimeoutError(MpsError):
 
 class ControlCommandError(MpsError):
     """The control daemon rejected a command (it still exits 0: the text says so)."""
+
+
+class ReplayRejectedError(ControlCommandError):
+    """The daemon answered, but refused one of the persisted limits replayed at its start."""

@@ -13,16 +13,17 @@ from __future__ import annotations
 import typing as t
 from dataclasses import dataclass, field
 
-from ._control import Reply, command, expect_silent, parse_percentage, parse_pids
-from ._daemon import Daemon, child_pids, inspect
+from ._control import Reply, check_applied, command, parse_percentage, parse_pids
+from ._daemon import Daemon, child_pids, inspect, resource_lock
 from ._errors import ControlCommandError, DeviceSelectionError, InvalidParameterError, MpsError
 from ._gpus import Gpu, resolve_devices
-from ._io import ensure_dir, read_json, refuse_unsafe_dirs
+from ._io import ensure_dir, read_json, read_text, refuse_unsafe_dirs
 from ._limits import (
     EVERY_GPU, Limits, format_percentage, parse_percentage as parse_wanted_percentage, parse_readback, parse_size,
     percentage_matches, persist, read_persisted, readback_matches, readback_readable, uuids_from_environ, write_replay,
 )
 from ._root import ConfigPaths, ResourcePaths, managed_dirs
+from ._systemd import parse_env
 
 RUNNING_SERVERS_CHOICES = ('ignore', 'update')
 
@@ -63,6 +64,7 @@ class LimitsManager:
         self.daemon = daemon
         self.gpus = list(gpus)
         self.check_mode = check_mode
+        self.order_known = False
 
     # --- what the daemon has ----------------------------------------------------------------------
     def scope(self, create: bool) -> t.Tuple[t.List[Gpu], bool, t.Optional[int]]:
@@ -78,6 +80,13 @@ class LimitsManager:
             uuids = uuids_from_environ(state.pid)
             if uuids is not None:
                 uuids = [gpu.uuid for gpu in resolve_devices(uuids, self.gpus, param='CUDA_VISIBLE_DEVICES of the daemon')]
+        elif not state.running:
+            # Stopped, but systemd starts it again from its environment file (after a crash, at boot) and replays
+            # the commands file for that device order: keep the file right for it.
+            listed = parse_env(read_text(self.config.env_file) or '').get('CUDA_VISIBLE_DEVICES')
+            uuids = listed.split(',') if listed else None
+        # The device order the commands file must follow is known (else the next start writes it).
+        self.order_known = uuids is not None
         if uuids is None:
             if state.running:
                 return list(self.gpus), True, state.pid  # a daemon without CUDA_VISIBLE_DEVICES sees every GPU
@@ -176,9 +185,11 @@ class LimitsManager:
         # Every check raises here, before the lock creates anything; under the lock the state is read again,
         # so that a concurrent mps_daemon or mps_limits run on this resource is seen whole or not at all.
         self.wanted(self.scope(create)[0], percentage, mem, replicas)
-        if self.check_mode or self.daemon is None:
+        if self.check_mode:
             return self._ensure(percentage, mem, replicas, running_servers, persist_limits, create)
-        with self.daemon.lock():
+        # The lock belongs to the resource, not to its daemon: taken whether or not one runs, so a concurrent
+        # mps_daemon start never replays a half-written record.
+        with resource_lock(self.paths):
             return self._ensure(percentage, mem, replicas, running_servers, persist_limits, create)
 
     def _ensure(self, percentage: t.Any, mem: t.Any, replicas: t.Any, running_servers: str, persist_limits: bool,
@@ -213,7 +224,7 @@ class LimitsManager:
             if not self.check_mode:
                 ensure_dir(self.config.config_dir, 0o755)
             changed_json = persist(self.config, wanted, self.check_mode)
-            changed_replay = running and write_replay(self.config, wanted, [g.uuid for g in scope], self.check_mode)
+            changed_replay = self.order_known and write_replay(self.config, wanted, [g.uuid for g in scope], self.check_mode)
             out.persisted = changed_json or changed_replay
             out.changed = out.changed or out.persisted
         elif not running:
@@ -266,12 +277,7 @@ class LimitsManager:
     def _apply(self, cmds: t.Sequence[str]) -> None:
         if self.daemon is None:
             return
-        for reply in self.daemon.query(cmds):
-            verb = reply.command.split()[0]
-            if verb in ('set_default_active_thread_percentage', 'set_active_thread_percentage'):
-                parse_percentage(reply)
-            else:
-                expect_silent(reply)
+        check_applied(self.daemon.query(cmds))
 
     @staticmethod
     def _describe(wanted: Limits, scope: t.Sequence[Gpu]) -> t.Dict[str, t.Any]:

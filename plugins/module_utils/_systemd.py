@@ -7,6 +7,10 @@ per-instance drop-in, since the pipe directory is per resource. ``quit``'s UI ex
 undocumented (a session the daemon drops as it exits may end non-zero): ``ExecStop=-`` lets systemd judge
 the stop by the daemon's exit, not by the UI's status.
 
+Every reply of the limit replay (``ExecStartPost=``) is checked, since the UI exits 0 even when the
+daemon rejects a command: a percentage setter must echo the value and a memory setter print nothing;
+anything else fails the start with the daemon's own text in the journal.
+
 The unit runs nothing of this collection: the compute mode is set with ``nvidia-smi``, the daemon is
 ``nvidia-cuda-mps-control -d``, the persisted limits are replayed by feeding their command file to the
 control UI, so a host boots into a working MPS even when Python or the collection is broken.
@@ -42,7 +46,7 @@ ExecStartPre=/bin/mkdir -p -m 0755 ${{CUDA_MPS_PIPE_DIRECTORY}}
 ExecStartPre=/bin/sh -c 'mkdir -p -m "$${{MPS_LOG_MODE:-0700}}" "$$CUDA_MPS_LOG_DIRECTORY" && chmod "$${{MPS_LOG_MODE:-0700}}" "$$CUDA_MPS_LOG_DIRECTORY"'
 ExecStartPre=/bin/sh -c 'if [ -n "$$MPS_COMPUTE_MODE" ]; then exec "$$MPS_NVIDIA_SMI" -i "$$CUDA_VISIBLE_DEVICES" -c "$$MPS_COMPUTE_MODE"; fi'
 ExecStart=/bin/sh -c 'exec "$$MPS_CONTROL" -d $$MPS_DAEMON_ARGS'
-ExecStartPost=/bin/sh -c 'if [ -s "$$MPS_LIMITS_FILE" ]; then "$$MPS_CONTROL" < "$$MPS_LIMITS_FILE" > /dev/null; fi'
+ExecStartPost=/bin/sh -c 'if [ -s "$$MPS_LIMITS_FILE" ]; then out=$$("$$MPS_CONTROL" < "$$MPS_LIMITS_FILE") || {{ echo "gpufleet-mps: replaying $$MPS_LIMITS_FILE failed: $$out" >&2; exit 1; }}; bad=$$(echo "$$out" | grep -Ev "^([0-9]+[.][0-9]+)?$$"); if [ -n "$$bad" ]; then echo "gpufleet-mps: the daemon rejected a limit of $$MPS_LIMITS_FILE: $$bad" >&2; exit 1; fi; fi'
 ExecStop=-/bin/sh -c 'echo "quit -t $$MPS_STOP_TIMEOUT" | "$$MPS_CONTROL"'
 ExecStopPost=/bin/sh -c 'if [ -n "$$MPS_COMPUTE_MODE" ]; then "$$MPS_NVIDIA_SMI" -i "$$CUDA_VISIBLE_DEVICES" -c DEFAULT > /dev/null; fi'
 Restart=on-failure

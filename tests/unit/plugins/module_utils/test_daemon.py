@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from ansible_collections.gpufleet.mps.plugins.module_utils import _daemon
-from ansible_collections.gpufleet.mps.plugins.module_utils._errors import ControlBinaryError, DaemonTimeoutError
+from ansible_collections.gpufleet.mps.plugins.module_utils._errors import ControlBinaryError, DaemonTimeoutError, ReplayRejectedError
 from ansible_collections.gpufleet.mps.plugins.module_utils._root import resource_paths
 
 
@@ -218,3 +218,34 @@ def test_child_pids_lists_the_children_of_a_process():
 
 def test_child_pids_of_a_missing_process_is_empty():
     assert _daemon.child_pids(2 ** 22 + 12345) == []
+
+
+class _Replayer:
+    """The first UI session after -d: the daemon answers, and rejects the thread percentage."""
+
+    def __init__(self):
+        self.timeout = 1
+        self.processes = 0
+
+    def batch(self, commands):
+        self.processes += 1
+        texts = {'set_default_device_pinned_mem_limit 0 2048M': (), 'set_default_active_thread_percentage 250': ('Invalid value: 250',),
+                 'get_default_active_thread_percentage': ('100.0',)}
+        return [_daemon.Reply(cmd, texts[cmd]) for cmd in commands]
+
+
+def test_a_replayed_limit_the_daemon_rejects_fails_the_start_with_the_daemons_message(paths):
+    daemon = _daemon.Daemon(paths, '/bin/true', start_timeout=1, stop_timeout=0)
+    daemon.client = _Replayer()
+    with pytest.raises(ReplayRejectedError) as excinfo:
+        daemon.wait_ready(['set_default_device_pinned_mem_limit 0 2048M', 'set_default_active_thread_percentage 250'])
+    assert "rejected 'set_default_active_thread_percentage 250': Invalid value: 250" in excinfo.value.msg
+    assert 'persisted limit replayed at its start' in excinfo.value.msg and 'control.log' in excinfo.value.msg
+    assert daemon.client.processes == 1
+
+
+def test_a_replay_the_daemon_accepts_is_one_session(paths):
+    daemon = _daemon.Daemon(paths, '/bin/true', start_timeout=1, stop_timeout=0)
+    daemon.client = _Replayer()
+    replies = daemon.wait_ready(['set_default_device_pinned_mem_limit 0 2048M'])
+    assert [reply.text for reply in replies] == ['', '100.0'] and daemon.client.processes == 1

@@ -2,12 +2,14 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import types
 
 import pytest
 
-from ansible_collections.gpufleet.mps.plugins.module_utils import _limits
+from ansible_collections.gpufleet.mps.plugins.module_utils import _limits, _limits_manager
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import InvalidParameterError, MpsError
 from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import Gpu
 from ansible_collections.gpufleet.mps.plugins.module_utils._limits_manager import LimitsManager
@@ -183,11 +185,12 @@ class RecordingLock:
         self.held = False
 
 
-def test_the_state_acted_on_is_read_under_the_resource_lock(tmp_path):
+def test_the_state_acted_on_is_read_under_the_resource_lock(tmp_path, monkeypatch):
     # Checks run before the lock (they create nothing); what is applied and persisted is judged from state read
     # again under it, so a concurrent mps_daemon or mps_limits run on the resource is seen whole or not at all.
     lock = RecordingLock()
-    daemon = types.SimpleNamespace(lock=lambda: lock, client=types.SimpleNamespace(processes=0))
+    monkeypatch.setattr(_limits_manager, 'resource_lock', lambda paths: lock)
+    daemon = types.SimpleNamespace(client=types.SimpleNamespace(processes=0))
     limits = LimitsManager(resource_paths(str(tmp_path / 'root'), 'train'), config_paths(str(tmp_path / 'etc'), 'train'),
                            daemon, [gpu(0, 'Tesla T4', 15360)], check_mode=False)
     seen = []
@@ -201,3 +204,41 @@ def test_the_state_acted_on_is_read_under_the_resource_lock(tmp_path):
     out = limits.ensure(None, None, 4, 'ignore', True, create=True)
     assert seen == [False, True]
     assert out.persisted and not lock.held
+
+
+def test_the_resource_lock_is_held_while_limits_are_written_with_no_daemon_running(tmp_path, monkeypatch):
+    paths = resource_paths(str(tmp_path / 'root'), 'train')
+    limits = LimitsManager(paths, config_paths(str(tmp_path / 'etc'), 'train'), None, [gpu(0, 'Tesla T4', 15360)],
+                           check_mode=False)
+    held = []
+    original = _limits_manager.persist
+
+    def persist(*args, **kwargs):
+        # Another writer (an mps_daemon start of this resource) tries the same lock while the record is written.
+        probe = os.open(os.path.join(paths.resource_dir, '.lock'), os.O_RDWR)
+        try:
+            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held.append(False)
+        except BlockingIOError:
+            held.append(True)
+        finally:
+            os.close(probe)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(_limits_manager, 'persist', persist)
+    out = limits.ensure(None, None, 4, 'ignore', True, create=True)
+    assert out.persisted and not out.running
+    assert held == [True]
+
+
+def test_with_the_daemon_down_the_commands_file_follows_the_environment_files_device_order(tmp_path):
+    gpus = [gpu(0, 'Tesla T4', 15360), gpu(1, 'Tesla T4', 15360)]
+    config = config_paths(str(tmp_path / 'etc'), 'train')
+    os.makedirs(config.config_dir)
+    with open(config.env_file, 'w') as handle:
+        handle.write('CUDA_VISIBLE_DEVICES=%s,%s\n' % (gpus[1].uuid, gpus[0].uuid))
+    limits = LimitsManager(resource_paths(str(tmp_path / 'root'), 'train'), config, None, gpus, check_mode=False)
+    out = limits.ensure(None, {gpus[1].uuid: '1G'}, None, 'ignore', True, create=True)
+    assert out.persisted
+    with open(config.limits_file) as handle:
+        assert handle.read() == 'set_default_device_pinned_mem_limit 0 1024M\n'  # GPU 1 is the daemon's device 0

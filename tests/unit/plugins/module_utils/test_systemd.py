@@ -92,3 +92,41 @@ def test_unit_gives_the_log_directory_the_wanted_mode_new_or_existing(tmp_path, 
 def test_parse_env_reads_back_what_render_env_wrote():
     values = {'CUDA_VISIBLE_DEVICES': 'GPU-a,GPU-b', 'MPS_DAEMON_ARGS': '', 'MPS_LOG_MODE': '0700'}
     assert _systemd.parse_env(_systemd.render_env('nvidia.com/gpu', values)) == values
+
+
+def _exec_start_post_shell(unit: str) -> str:
+    line = next(line for line in unit.splitlines() if line.startswith('ExecStartPost=/bin/sh -c'))
+    return line.split("-c '", 1)[1].rsplit("'", 1)[0].replace('$$', '$')
+
+
+@pytest.mark.parametrize('reply, ok', [
+    ('\n25.0\n', True),
+    ('\n\n', True),
+    ('Invalid value: 200\n25.0\n', False),
+    ('\nError: unknown command\n', False),
+])
+def test_the_units_limit_replay_fails_with_the_daemons_text_when_a_command_is_rejected(tmp_path, reply, ok):
+    limits = tmp_path / 'train.limits'
+    limits.write_text('set_default_device_pinned_mem_limit 0 2048M\nset_default_active_thread_percentage 25\n')
+    control = tmp_path / 'control'
+    control.write_text('#!/bin/sh\ncat > /dev/null\nprintf %%s "%s"\n' % reply.replace('\n', '\\n'))
+    control.chmod(0o755)
+    script = _exec_start_post_shell(_systemd.render_unit('/etc/gpufleet-mps', 30, 30))
+    proc = subprocess.run(['/bin/sh', '-c', script], capture_output=True, text=True, check=False,
+                          env={'PATH': os.environ['PATH'], 'MPS_LIMITS_FILE': str(limits), 'MPS_CONTROL': str(control)})
+    assert (proc.returncode == 0) is ok, proc.stderr
+    if not ok:
+        assert 'the daemon rejected a limit of %s' % limits in proc.stderr
+        assert reply.strip().splitlines()[0] in proc.stderr
+
+
+def test_the_units_limit_replay_fails_when_the_ui_cannot_reach_the_daemon(tmp_path):
+    limits = tmp_path / 'train.limits'
+    limits.write_text('set_default_active_thread_percentage 25\n')
+    control = tmp_path / 'control'
+    control.write_text('#!/bin/sh\necho "Cannot find MPS control daemon process"\nexit 1\n')
+    control.chmod(0o755)
+    script = _exec_start_post_shell(_systemd.render_unit('/etc/gpufleet-mps', 30, 30))
+    proc = subprocess.run(['/bin/sh', '-c', script], capture_output=True, text=True, check=False,
+                          env={'PATH': os.environ['PATH'], 'MPS_LIMITS_FILE': str(limits), 'MPS_CONTROL': str(control)})
+    assert proc.returncode == 1 and 'Cannot find MPS control daemon process' in proc.stderr
