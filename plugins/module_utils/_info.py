@@ -29,7 +29,7 @@ from ._errors import DaemonTimeoutError, InvalidParameterError, MpsError, NvmlEr
 from ._gpus import ENUMERATION_WARNING, MPS_ENUMERATION_VAR, Gpu, Nvml
 from ._io import read_json, untraversable_parents
 from ._limits import Limits, parse_readback, percentage_matches, read_persisted, readback_matches, readback_readable
-from ._root import DEFAULT_CONTAINER_ROOT, SHM_DIR, ResourcePaths, config_paths, container_view, resource_paths, scan_resources, validate_root
+from ._root import DEFAULT_CONTAINER_ROOT, SHM_DIR, ResourcePaths, config_paths, container_view, resource_paths, scan_config, scan_resources, validate_root
 from ._shm import current_state
 
 GATHER_CHOICES = ('gpus', 'daemons', 'servers')
@@ -243,6 +243,8 @@ class Collector:
         if 'daemons' in self.request.gather:
             facts['daemons'] = self.daemons(gpus, nvml['available'])
         facts['shm'] = self.shm()
+        # Every resource this collection left something of, running or not: what a teardown must visit.
+        facts['resources'] = sorted(set(scan_resources(self.request.root)) | set(scan_config(self.request.config_dir)))
         return Report(facts, self.warnings, self.ui_processes)
 
     def shm(self) -> t.Dict[str, t.Any]:

@@ -16,7 +16,7 @@ import stat
 import typing as t
 from dataclasses import dataclass, field
 
-from ._daemon import PID_FILE, Daemon, DaemonState, daemon_dev_shm, inspect
+from ._daemon import LOCK_FILE, LOG_FILES, PID_FILE, PIPE_DIR_FILES, RESOURCE_LOCK, Daemon, DaemonState, daemon_dev_shm, inspect
 from ._errors import DeviceSelectionError, InvalidParameterError, MpsError
 from ._gpus import Gpu, Nvml, resolve_devices
 from ._io import atomic_write, ensure_dir, read_json, read_text, refuse_unsafe_dirs, remove, untraversable_parents
@@ -93,7 +93,11 @@ class ResourceManager:
         self.unit = instance_unit(config.instance)
         self.reset_on_stop = True
         self.enabled = True
+        self.remove_logs = False
         self.pending_warnings: t.List[str] = []
+        # What state=absent removed, or in check mode would have: a directory emptied by it counts as empty.
+        self._would_remove: t.List[str] = []
+        self._lock_existed = False
 
     # --- reading -------------------------------------------------------------------------------
     def record(self) -> t.Optional[t.Dict[str, t.Any]]:
@@ -330,17 +334,24 @@ class ResourceManager:
                 remove(self.paths.started_file)
 
     # --- entry points ----------------------------------------------------------------------------
-    def ensure(self, state: str, selectors: t.Any, multiuser: bool, compute_mode: str, enabled: bool, shm: bool = False) -> Outcome:
-        """Bring the resource to ``state`` (started, stopped or restarted)."""
+    def ensure(self, state: str, selectors: t.Any, multiuser: bool, compute_mode: str, enabled: bool, shm: bool = False,
+               remove_logs: bool = False) -> Outcome:
+        """Bring the resource to ``state`` (started, stopped, restarted or absent)."""
         if compute_mode not in COMPUTE_MODE_CHOICES:
             raise InvalidParameterError('compute_mode', 'must be one of %s' % ', '.join(COMPUTE_MODE_CHOICES))
         refuse_unsafe_dirs(managed_dirs(self.paths, self.config.config_dir))
-        wanted = self.wanted(selectors, multiuser, compute_mode, enabled, shm) if state != 'stopped' else None
+        self.remove_logs = remove_logs
+        if state == 'absent':
+            enabled = False
+        wanted = self.wanted(selectors, multiuser, compute_mode, enabled, shm) if state not in ('stopped', 'absent') else None
         if wanted is not None and self.supervisor == 'systemd':
             self._systemd_files(wanted)  # a value no unit file can carry is refused now, before any side effect
         self.reset_on_stop = compute_mode != 'unchanged'
         self.enabled = enabled
-        if self.check_mode:
+        lock_path = os.path.join(self.paths.resource_dir, RESOURCE_LOCK)
+        self._lock_existed = os.path.exists(lock_path)
+        if self.check_mode or (state == 'absent' and not os.path.isdir(self.paths.resource_dir)):
+            # Nothing under the root to serialise, and absent must not create the directories it removes.
             return self._ensure(state, wanted)
         with self.daemon.lock():
             # What was read before the lock may be stale: a concurrent run on this resource may just have
@@ -364,10 +375,81 @@ class ResourceManager:
             self.daemon.ping()
         if wanted is None:
             self._ensure_stopped(current, record, out)
+            if state == 'absent':
+                self._purge(out)
         else:
             self._ensure_running(state, wanted, current, record, out)
-        out.after = {'state': 'stopped'} if wanted is None else dict(wanted.record(), state='running')
+        out.after = {'state': state} if wanted is None else dict(wanted.record(), state='running')
         return out
+
+    # --- absent ----------------------------------------------------------------------------------
+    def created_files(self) -> t.List[str]:
+        """Every file this collection creates for the resource (logs aside), in removal order."""
+        unit_d = os.path.dirname(self.dropin_path)
+        return [
+            self.config.env_file, self.config.limits_file, self.config.limits_json,
+            self.dropin_path, self.pidfile_dropin_path, os.path.join(unit_d),
+            self.paths.started_file,
+        ] + [os.path.join(self.paths.pipe_dir, name) for name in PIPE_DIR_FILES + (LOCK_FILE,)] + [
+            self.paths.pipe_dir,
+        ]
+
+    def _purge(self, out: Outcome) -> None:
+        """After the stop: remove what this collection created for the resource, and nothing else.
+
+        Files are removed by name; a directory only when it is empty afterwards, so anything another
+        tool keeps there stays. The logs stay unless ``remove_logs``. The resource's lock file goes last
+        (it is held until the module ends); the template unit goes with the last resource of its config
+        directory.
+        """
+        logs = [os.path.join(self.paths.log_dir, name) for name in LOG_FILES] + [self.paths.log_dir] if self.remove_logs else []
+        lock = os.path.join(self.paths.resource_dir, RESOURCE_LOCK)
+        unit_path = os.path.join(self.unit_dir, UNIT_NAME)
+        removed_unit_files = False
+        for path in self.created_files() + logs:
+            if self._remove(path, out) and path.startswith(self.unit_dir + os.sep):
+                removed_unit_files = True
+        if self._lock_existed:
+            self._remove(lock, out)
+        elif os.path.lexists(lock) and not self.check_mode:
+            remove(lock)  # this run's own lock, taken on a directory that was there: no change of the host
+        parents = [self.paths.resource_dir]
+        if os.path.dirname(self.paths.resource_dir) != self.paths.root:
+            parents.append(os.path.dirname(self.paths.resource_dir))
+        for directory in parents + [self.paths.root, self.config.config_dir]:
+            self._remove(directory, out)
+        if os.path.exists(unit_path) and not self._other_instances():
+            removed_unit_files = self._remove(unit_path, out) or removed_unit_files
+        if removed_unit_files and self.systemctl is not None:
+            out.act('systemctl daemon-reload')
+            if not self.check_mode:
+                self.systemctl.daemon_reload()
+
+    def _other_instances(self) -> bool:
+        """Another resource of this config directory still has an environment file: the template unit stays."""
+        try:
+            names = os.listdir(self.config.config_dir)
+        except OSError:
+            return False
+        return any(name.endswith('.env') and os.path.join(self.config.config_dir, name) != self.config.env_file for name in names)
+
+    def _remove(self, path: str, out: Outcome) -> bool:
+        """Remove a file, or a directory when it is empty (counting what check mode would have removed)."""
+        if path in self._would_remove or not os.path.lexists(path):
+            return False
+        if os.path.isdir(path) and not os.path.islink(path):
+            gone = set(self._would_remove) if self.check_mode else set()
+            if any(os.path.join(path, name) not in gone for name in os.listdir(path)):
+                return False
+            out.act('remove directory %s' % path)
+            if not self.check_mode:
+                os.rmdir(path)
+        else:
+            out.act('remove %s' % path)
+            if not self.check_mode:
+                remove(path)
+        self._would_remove.append(path)
+        return True
 
     def _ensure_stopped(self, current: DaemonState, record: t.Optional[t.Dict[str, t.Any]], out: Outcome) -> None:
         if current.running:
@@ -377,6 +459,9 @@ class ResourceManager:
                 self.paths.name, ', '.join(current.leftovers)))
             self._clean_stale(out)
             self._release(record, out)
+        if self.check_mode and (current.running or current.stale):
+            # What the stop or the cleanup removes, state=absent must not list a second time.
+            self._would_remove += [os.path.join(self.paths.pipe_dir, name) for name in PIPE_DIR_FILES] + [self.paths.started_file]
         if self.supervisor == 'systemd' and self.systemctl is not None:
             if self.systemctl.is_active(self.unit):
                 out.act('stop %s' % self.unit)

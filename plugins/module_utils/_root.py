@@ -183,6 +183,45 @@ def systemd_instance(name: str) -> str:
     return ''.join(out)
 
 
+def resource_name(instance: str) -> t.Optional[str]:
+    """The resource name a systemd instance name was escaped from (:func:`systemd_instance` undone); None if it is none."""
+    out = bytearray()
+    pos = 0
+    while pos < len(instance):
+        char = instance[pos]
+        if char == '-':
+            out += b'/'
+        elif char == '\\' and re.fullmatch(r'\\x[0-9a-f]{2}', instance[pos:pos + 4]):
+            out.append(int(instance[pos + 2:pos + 4], 16))
+            pos += 3
+        else:
+            out += char.encode('utf-8')
+        pos += 1
+    name = out.decode('utf-8', 'replace')
+    return name if _is_valid(name) and systemd_instance(name) == instance else None
+
+
+# The per-resource files in the config directory, by suffix (the instance name before it).
+CONFIG_SUFFIXES = ('.env', '.limits.json', '.limits')
+
+
+def scan_config(config_dir: str) -> t.List[str]:
+    """Names of the resources that have files of this collection in ``config_dir``."""
+    try:
+        entries = os.listdir(config_dir)
+    except OSError:
+        return []
+    names = set()
+    for entry in entries:
+        for suffix in CONFIG_SUFFIXES:
+            if entry.endswith(suffix):
+                name = resource_name(entry[:-len(suffix)])
+                if name:
+                    names.add(name)
+                break
+    return sorted(names)
+
+
 @dataclass(frozen=True)
 class ConfigPaths:
     """Per-resource files under the persistent config directory (they survive reboots, /run does not)."""

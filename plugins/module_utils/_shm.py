@@ -348,9 +348,22 @@ class ShmManager:
                 out.act('unmount %s' % self.path)
                 if not self.check_mode:
                     self.mounter.umount(self.path)
+            self._remove_mount_point(current, out)
             self._persist(None, out)
             out.after = dict(ShmState(False).view(), persisted={'fstab': False, 'unit': False})
         return out
+
+    def _remove_mount_point(self, current: ShmState, out: ShmOutcome) -> None:
+        """The mount point this module created goes with the tmpfs, when nothing else was put there."""
+        if os.path.islink(self.path) or not os.path.isdir(self.path):
+            return
+        if self.check_mode:
+            if current.mounted or not os.listdir(self.path):
+                out.act('remove directory %s (when it is empty after the unmount)' % self.path)
+            return
+        if not os.listdir(self.path):
+            out.act('remove directory %s' % self.path)
+            os.rmdir(self.path)
 
     def _mount(self, current: ShmState, kib: int, out: ShmOutcome) -> None:
         if not current.mounted:

@@ -38,9 +38,22 @@ options:
       - V(stopped) stops it with C(quit -t) O(stop_timeout), sets the compute mode of its GPUs back to DEFAULT unless
         another daemon under O(root) uses them, and removes C(.started). Logs are kept.
       - V(restarted) always restarts it.
+      - V(absent) stops it as V(stopped) does, disables its unit, then removes what this module and
+        M(gpufleet.mps.mps_limits) created for the resource and nothing else - by name, never a whole directory -
+        its systemd environment file and drop-ins, C(.started), the persisted limits, the files the daemon leaves in its
+        pipe directory and the resource lock. A directory goes only when it is empty afterwards (the pipe and resource
+        directories, O(root) and O(config_dir) included), so files of other tools stay. The template unit
+        C(gpufleet-mps@.service) goes with the last resource of O(config_dir). The logs stay unless O(remove_logs).
     type: str
-    choices: [started, stopped, restarted]
+    choices: [started, stopped, restarted, absent]
     default: started
+  remove_logs:
+    description:
+      - With O(state=absent), also remove the daemon's C(control.log) and C(server.log), and the log directory when it
+        is empty then.
+    type: bool
+    default: false
+    version_added: 0.2.0
   devices:
     description:
       - The GPUs of this resource - V(all), or a list of GPU indices, UUIDs (C(GPU-...)) or unique UUID prefixes, as
@@ -161,6 +174,11 @@ EXAMPLES = r'''
   gpufleet.mps.mps_daemon:
     name: shared
     state: stopped
+
+- name: Remove the resource and everything created for it - unit files, record, persisted limits - but its logs
+  gpufleet.mps.mps_daemon:
+    name: shared
+    state: absent
 '''
 
 RETURN = r'''
@@ -257,7 +275,8 @@ def argument_spec():
         root=dict(type='path', default='/run/nvidia/mps'),
         config_dir=dict(type='path', default='/etc/gpufleet-mps'),
         control_binary=dict(type='path'),
-        state=dict(type='str', choices=['started', 'stopped', 'restarted'], default='started'),
+        state=dict(type='str', choices=['started', 'stopped', 'restarted', 'absent'], default='started'),
+        remove_logs=dict(type='bool', default=False),
         devices=dict(type='raw', default='all'),
         compute_mode=dict(type='str', choices=['exclusive_process', 'default', 'unchanged'], default='exclusive_process'),
         multiuser=dict(type='bool', default=False),
@@ -302,13 +321,13 @@ def run(module):
         manager = ResourceManager(paths, config, daemon, nvml, supervisor, module.check_mode,
                                   systemctl=systemctl, nvidia_smi=nvidia_smi)
         outcome = manager.ensure(params['state'], devices, params['multiuser'], params['compute_mode'], params['enabled'],
-                                 params['shm'])
+                                 params['shm'], remove_logs=params['remove_logs'])
         if nvml.enumeration_var_was_set:
             outcome.warnings.append(ENUMERATION_WARNING)
 
     for warning in outcome.warnings:
         module.warn(warning)
-    running = params['state'] != 'stopped'
+    running = params['state'] not in ('stopped', 'absent')
     result = dict(
         changed=outcome.changed,
         pid=outcome.pid if running else None,

@@ -35,7 +35,8 @@ options:
   state:
     description:
       - V(mounted) mounts the tmpfs (or remounts it with the wanted size and flags) and persists it as O(persist) says.
-      - V(absent) unmounts it and removes its mount unit or fstab entry. It is refused while a running daemon under
+      - V(absent) unmounts it, removes its mount unit or fstab entry, and removes the mount point C(<root>/shm) when it is
+        empty then (anything another tool put there keeps it). It is refused while a running daemon under
         O(root) was started with it as its C(/dev/shm) (M(gpufleet.mps.mps_daemon) O(gpufleet.mps.mps_daemon#module:shm=true)),
         because the unmount would succeed on the host and leave that daemon with a tmpfs no new container can reach.
         Unmounting a tmpfs that a process of the host still uses fails, naming the mount point, and leaves it mounted.
