@@ -11,7 +11,8 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import MpsError
 from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import Gpu, resolve_devices
-from ansible_collections.gpufleet.mps.plugins.module_utils._root import validate_name
+from ansible_collections.gpufleet.mps.plugins.module_utils._limits.model import check_replicas
+from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import validate_name
 
 LIMIT_KEYS = ('active_thread_percentage', 'pinned_device_mem_limit')
 
@@ -64,12 +65,10 @@ def mps_plan(resources: t.Any, gpu_facts: t.Any) -> t.List[t.Dict[str, t.Any]]:
                                      'one thread percentage - split the resource by model' % (name, sorted(per_gpu, key=str)))
         replicas = per_gpu.pop() if per_gpu else None
         if replicas is not None:
-            if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
-                raise AnsibleFilterError('mps_resources[%s].replicas: must be an integer of at least 1, got %r' % (name, replicas))
-            for gpu in chosen:
-                if replicas > caps[gpu.uuid]:
-                    raise AnsibleFilterError('mps_resources[%s].replicas: %d exceeds the %d MPS clients of GPU %d (%s)' % (
-                        name, replicas, caps[gpu.uuid], gpu.index, gpu.name))
+            try:
+                check_replicas(replicas, chosen, 'mps_resources[%s].replicas' % name, caps)
+            except MpsError as exc:
+                raise AnsibleFilterError(exc.msg) from exc
         entry = {'name': name, 'devices': [gpu.uuid for gpu in chosen], 'indices': [gpu.index for gpu in chosen],
                  'replicas': replicas, 'multiuser': bool(resource.get('multiuser', False))}
         entry.update({key: resource.get(key) for key in LIMIT_KEYS})

@@ -16,112 +16,56 @@ import os
 import typing as t
 from dataclasses import dataclass, field
 
-from ._control import (
-    SENTINEL,
-    ControlClient,
-    Reply,
-    command,
-    parse_percentage,
-    parse_pids,
-)
-from ._daemon import DaemonState, child_pids, daemon_dev_shm, inspect, read_pid_file
+from ._protocol.framing import ControlClient, Reply
+from ._protocol.state import parse_state, state_commands
+from ._supervisor.process import DaemonState, inspect, read_pid_file
 from ._errors import DaemonTimeoutError, InvalidParameterError, MpsError, NvmlError
 from ._gpus import ENUMERATION_WARNING, MPS_ENUMERATION_VAR, Gpu, Nvml
-from ._io import read_json, untraversable_parents
-from ._limits import Limits, parse_readback, percentage_matches, read_persisted, readback_matches, readback_readable
-from ._root import DEFAULT_CONTAINER_ROOT, SHM_DIR, ResourcePaths, config_paths, container_view, resource_paths, scan_config, scan_resources, validate_root
+from ._io import untraversable_parents
+from ._resource.record import StartRecord, read_record
+from ._proc import child_pids, daemon_dev_shm, process_uid
+from ._limits.model import Limits, parse_readback, percentage_matches, readback_matches
+from ._resource.store import read_persisted
+from ._resource.layout import (
+    DEFAULT_CONTAINER_ROOT,
+    SHM_DIR,
+    ResourcePaths,
+    config_paths,
+    container_view,
+    resource_paths,
+    validate_root,
+)
+from ._resource.scan import gpu_claims, scan_config, scan_resources
 from ._shm import current_state
 
 GATHER_CHOICES = ('gpus', 'daemons', 'servers')
-SERVER_STATES = ('INITIALIZING', 'ACTIVE', 'FAULT')
 
 
-# --- what one daemon is asked ---------------------------------------------------------------------
-def daemon_commands(ordinals: int, candidates: t.Sequence[int]) -> t.List[str]:
-    """Every read for one daemon: health and defaults, its server list, and each candidate server.
-
-    Each candidate's percentage query comes last in its block, and the last block's is the last
-    command of the batch, which needs no fence: with one server (the usual case) nothing is fenced.
-    """
-    cmds = [SENTINEL, command('get_server_list')]
-    cmds.extend(command('get_default_device_pinned_mem_limit', ordinal) for ordinal in range(ordinals))
-    for pid in candidates:
-        cmds.append(command('get_server_status', pid))
-        cmds.append(command('get_client_list', pid))
-        cmds.extend(command('get_device_pinned_mem_limit', pid, ordinal) for ordinal in range(ordinals))
-        cmds.append(command('get_active_thread_percentage', pid))
-    return cmds
-
-
+# --- what one daemon is asked: one read of its state, as facts -----------------------------------
 @dataclass
 class Readout:
-    """What one daemon reported, parsed."""
+    """What one daemon reported, as facts: servers with their uid and limits by GPU UUID."""
 
     default_percentage: float
     default_mem: t.List[t.Optional[str]]
     servers: t.List[t.Dict[str, t.Any]] = field(default_factory=list)
 
 
-def _mem_text(reply: Reply) -> t.Optional[str]:
-    """A memory limit as the daemon printed it, an unknown reply (``N/A``...) included; None when plainly unset."""
-    text = reply.text.strip()
-    return text if parse_readback(text) is not None or not readback_readable(text) else None
-
-
-def _optional_percentage(reply: Reply) -> t.Optional[float]:
-    try:
-        return parse_percentage(reply)
-    except MpsError:
-        return None
-
-
 def parse_daemon_replies(replies: t.Sequence[Reply], ordinals: int, candidates: t.Sequence[int],
                          uuids: t.Sequence[str], uid_of: t.Callable[[int], t.Optional[int]]) -> Readout:
-    """Turn the replies to :func:`daemon_commands` into facts; only listed servers are reported."""
-    it = iter(replies)
-    default_percentage = parse_percentage(next(it))
-    listed = parse_pids(next(it))
-    default_mem = [_mem_text(next(it)) for ordinal in range(ordinals)]
-    asked: t.Dict[int, t.Dict[str, t.Any]] = {}
-    for pid in candidates:
-        status = next(it)
-        clients = next(it)
-        mem = [_mem_text(next(it)) for ordinal in range(ordinals)]
-        percentage = _optional_percentage(next(it))
-        try:
-            client_pids = parse_pids(clients)
-        except MpsError:
-            client_pids = []
-        asked[pid] = {
-            'pid': pid,
-            'status': status.text if status.text in SERVER_STATES else None,
-            'uid': uid_of(pid),
-            'clients': client_pids,
-            'limits': {
-                'active_thread_percentage': percentage,
-                'pinned_device_mem_limit': dict(zip(uuids, mem)),
-            },
-        }
-    servers = []
-    for pid in listed:
-        # A server that is not a child of the daemon (another pid namespace) is listed, not detailed.
-        servers.append(asked.get(pid) or {
-            'pid': pid, 'status': None, 'uid': uid_of(pid), 'clients': [],
-            'limits': {'active_thread_percentage': None, 'pinned_device_mem_limit': {}},
-        })
-    return Readout(default_percentage, default_mem, servers)
-
-
-def process_uid(pid: int, proc: str = '/proc') -> t.Optional[int]:
-    """The real uid of a process (``Uid:`` in ``/proc/<pid>/status``); None when unknowable."""
-    try:
-        with open('%s/%d/status' % (proc, pid), encoding='ascii', errors='replace') as handle:
-            for line in handle:
-                if line.startswith('Uid:'):
-                    return int(line.split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
-    return None
+    """Turn the replies to :func:`state_commands` into facts; only listed servers are reported."""
+    state = parse_state(replies, ordinals, candidates)
+    servers = [{
+        'pid': server.pid,
+        'status': server.status,
+        'uid': uid_of(server.pid),
+        'clients': server.clients,
+        'limits': {
+            'active_thread_percentage': server.active_thread_percentage,
+            'pinned_device_mem_limit': dict(zip(uuids, server.pinned_device_mem_limit)),
+        },
+    } for server in state.servers]
+    return Readout(state.default_percentage, state.default_mem, servers)
 
 
 # --- limits -------------------------------------------------------------------------------------
@@ -278,21 +222,22 @@ class Collector:
         else:
             reported = [resource_paths(self.request.root, self.request.name)]
         states = {paths.name: inspect(paths) for paths in everything}
-        records = {paths.name: _record(paths) for paths in everything}
+        records = {paths.name: read_record(paths) for paths in everything}
         daemons = []
         for paths in reported:
             if paths.name not in states:
                 states[paths.name] = inspect(paths)
-                records[paths.name] = _record(paths)
+                records[paths.name] = read_record(paths)
             state = states[paths.name]
             if state.running or state.stale or state.conflict:
                 daemons.append(self.daemon(paths, state, records[paths.name], by_uuid, nvml_available))
         self._warn_shared_gpus(states, records, {d['name'] for d in daemons}, by_uuid)
         return daemons
 
-    def daemon(self, paths: ResourcePaths, state: DaemonState, record: t.Dict[str, t.Any], by_uuid: t.Mapping[str, Gpu],
+    def daemon(self, paths: ResourcePaths, state: DaemonState, found: t.Optional[StartRecord], by_uuid: t.Mapping[str, Gpu],
                nvml_available: bool) -> t.Dict[str, t.Any]:
-        uuids = [str(uuid) for uuid in record.get('devices') or []]
+        record = found or StartRecord()  # no record: no devices, and null for what only a record says
+        uuids = list(record.devices)
         devices = []
         for ordinal, uuid in enumerate(uuids):
             gpu = by_uuid.get(uuid)
@@ -308,13 +253,13 @@ class Collector:
             'healthy': False,
             'error': state.conflict,
             'pid': state.pid if state.running or state.conflict else None,
-            'supervisor': record.get('supervisor'),
-            'multiuser': record.get('multiuser'),
-            'started_at': record.get('started_at'),
+            'supervisor': record.supervisor,
+            'multiuser': record.multiuser if found else None,
+            'started_at': record.started_at,
             'devices': devices,
             'leftovers': [] if state.running else list(state.leftovers),
             'limits': {'reported': None, 'persisted': persisted_facts(persisted), 'differences': []},
-            'shm': bool(record.get('shm', False)),
+            'shm': record.shm,
             'container': None,
         }
         # What the daemon really sees beats the record, which /run loses at boot.
@@ -336,7 +281,7 @@ class Collector:
                                      paths.name, _last_pid(paths), ', '.join(state.leftovers)))
             return facts
         self._warn_compute_modes(paths, devices, by_uuid, nvml_available)
-        if record.get('shm') and state.pid and seen != paths.shm_dir:
+        if record.shm and state.pid and seen != paths.shm_dir:
             self.warnings.append('the MPS control daemon of %s (pid %d) was started with shm=true but does not see %s as its '
                                  '/dev/shm (remounted since it started?): container clients cannot reach its servers; '
                                  'gpufleet.mps.mps_daemon restarts it' % (paths.name, state.pid, paths.shm_dir))
@@ -376,7 +321,7 @@ class Collector:
         client = ControlClient(self.request.control_binary, paths.pipe_dir, timeout=self.request.timeout, log_dir=paths.log_dir)
         try:
             try:
-                replies = client.batch(daemon_commands(len(uuids), candidates))
+                replies = client.batch(state_commands(len(uuids), candidates))
             finally:
                 self.ui_processes += client.processes
             return parse_daemon_replies(replies, len(uuids), candidates, uuids, self.uid_of), None
@@ -400,25 +345,15 @@ class Collector:
                                      'CUDA processes that bypass MPS can use it too' % (
                                          gpu.index, gpu.uuid, paths.name, gpu.compute_mode.upper()))
 
-    def _warn_shared_gpus(self, states: t.Mapping[str, DaemonState], records: t.Mapping[str, t.Dict[str, t.Any]],
+    def _warn_shared_gpus(self, states: t.Mapping[str, DaemonState], records: t.Mapping[str, t.Optional[StartRecord]],
                           reported: t.AbstractSet[str], by_uuid: t.Mapping[str, Gpu]) -> None:
         """A GPU in the records of two running daemons under the root (one of them reported here)."""
-        claims: t.Dict[str, t.List[str]] = {}
-        for name, state in states.items():
-            if not (state.running or state.conflict):
-                continue
-            for uuid in records[name].get('devices') or []:
-                claims.setdefault(str(uuid), []).append(name)
-        for uuid, names in sorted(claims.items()):
+        live = {name: records[name] for name, state in states.items() if state.running or state.conflict}
+        for uuid, names in sorted(gpu_claims({name: record for name, record in live.items() if record is not None}).items()):
             if len(names) > 1 and reported.intersection(names):
                 gpu = by_uuid.get(uuid)
                 self.warnings.append('GPU %s%s is claimed by more than one MPS control daemon under %s: %s' % (
                     '%d ' % gpu.index if gpu else '', '(%s)' % uuid if gpu else uuid, self.request.root, ', '.join(sorted(names))))
-
-
-def _record(paths: ResourcePaths) -> t.Dict[str, t.Any]:
-    data = read_json(paths.started_file)
-    return data if isinstance(data, dict) else {}
 
 
 def _last_pid(paths: ResourcePaths) -> str:

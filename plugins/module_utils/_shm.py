@@ -19,11 +19,15 @@ import subprocess
 import typing as t
 from dataclasses import dataclass, field
 
-from ._daemon import daemon_dev_shm, inspect
+from ._supervisor.process import inspect
 from ._errors import InvalidParameterError, MpsError
-from ._io import atomic_write, ensure_dir, read_json, read_text, remove
-from ._root import SHM_DIR, resource_paths, scan_resources, systemd_instance, validate_root
-from ._systemd import Systemctl
+from ._io import atomic_write, ensure_dir, read_text, remove
+from ._outcome import Outcome
+from ._resource.record import read_record
+from ._proc import daemon_dev_shm, read_mountinfo
+from ._resource.layout import SHM_DIR, resource_paths, systemd_instance, validate_root
+from ._resource.scan import scan_resources
+from ._supervisor.unit import Systemctl
 
 FLAGS = ('rw', 'nosuid', 'nodev', 'noexec')
 MODE = 0o1777
@@ -95,7 +99,7 @@ def real_path(path: str) -> str:
 
 def mounted_at(path: str, mountinfo: t.Optional[str] = None) -> t.Optional[MountEntry]:
     """The file system mounted on ``path`` (the topmost when mounts are stacked), or None."""
-    text = mountinfo if mountinfo is not None else read_text('/proc/self/mountinfo') or ''
+    text = mountinfo if mountinfo is not None else read_mountinfo()
     return _mounted_at(path, parse_mountinfo(text))
 
 
@@ -136,7 +140,7 @@ def current_state(path: str, pages: t.Optional[t.Tuple[int, int]] = None, mounti
     Anything but a tmpfs of its own - another file system, or a bind mount of some other tmpfs (a
     resize would resize that one, e.g. the host's /dev/shm) - is refused.
     """
-    text = mountinfo if mountinfo is not None else read_text('/proc/self/mountinfo') or ''
+    text = mountinfo if mountinfo is not None else read_mountinfo()
     entries = parse_mountinfo(text)
     entry = _mounted_at(path, entries)
     if entry is None:
@@ -272,16 +276,8 @@ class Mounter:
 
 
 @dataclass
-class ShmOutcome:
-    changed: bool = False
-    actions: t.List[str] = field(default_factory=list)
-    before: t.Dict[str, t.Any] = field(default_factory=dict)
-    after: t.Dict[str, t.Any] = field(default_factory=dict)
+class ShmOutcome(Outcome):
     daemon_reload: bool = False
-
-    def act(self, action: str) -> None:
-        self.changed = True
-        self.actions.append(action)
 
 
 class ShmManager:
@@ -319,12 +315,20 @@ class ShmManager:
             if not (state.running or state.conflict):
                 continue
             seen = daemon_dev_shm(state.pid, self.path) if state.pid else None
-            record = read_json(paths.started_file)
-            if seen == self.path or (seen is None and isinstance(record, dict) and record.get('shm')):
+            record = read_record(paths)
+            if seen == self.path or (seen is None and record is not None and record.shm):
                 users.append(name)
         return users
 
     def ensure(self, state: str, size: object) -> ShmOutcome:
+        """Plan, then (unless in check mode) apply."""
+        out = self.plan(state, size)
+        if not self.check_mode:
+            out.apply()
+        return out
+
+    def plan(self, state: str, size: object) -> ShmOutcome:
+        """Read the tmpfs and its persistence and plan every action; nothing is changed here."""
         kib = size_kib(size, self.pages) if state == 'mounted' else None
         if kib is not None and self.persist == 'systemd':
             check_unit_path(self.path, 'root')
@@ -345,9 +349,7 @@ class ShmManager:
                 'fstab': self.persist == 'fstab', 'unit': self.persist == 'systemd'})
         else:
             if current.mounted:
-                out.act('unmount %s' % self.path)
-                if not self.check_mode:
-                    self.mounter.umount(self.path)
+                out.act('unmount %s' % self.path, lambda: self.mounter.umount(self.path))
             self._remove_mount_point(current, out)
             self._persist(None, out)
             out.after = dict(ShmState(False).view(), persisted={'fstab': False, 'unit': False})
@@ -357,31 +359,27 @@ class ShmManager:
         """The mount point this module created goes with the tmpfs, when nothing else was put there."""
         if os.path.islink(self.path) or not os.path.isdir(self.path):
             return
-        if self.check_mode:
-            if current.mounted or not os.listdir(self.path):
-                out.act('remove directory %s (when it is empty after the unmount)' % self.path)
-            return
+        if current.mounted:
+            # What lies under the tmpfs is only seen once it is unmounted.
+            out.act('remove directory %s (when it is empty after the unmount)' % self.path, self._rmdir_if_empty)
+        elif not os.listdir(self.path):
+            out.act('remove directory %s' % self.path, lambda: os.rmdir(self.path))
+
+    def _rmdir_if_empty(self) -> None:
         if not os.listdir(self.path):
-            out.act('remove directory %s' % self.path)
             os.rmdir(self.path)
 
     def _mount(self, current: ShmState, kib: int, out: ShmOutcome) -> None:
         if not current.mounted:
-            out.act('mount a tmpfs of %d KiB on %s' % (kib, self.path))
-            if not self.check_mode:
-                ensure_dir(self.root, 0o755)
-                ensure_dir(self.path, 0o755)
-                self.mounter.mount(self.path, kib)
+            out.act('mount a tmpfs of %d KiB on %s' % (kib, self.path), lambda: (
+                ensure_dir(self.root, 0o755), ensure_dir(self.path, 0o755), self.mounter.mount(self.path, kib)))
             return
         if current.size_kib != kib or sorted(current.flags) != sorted(FLAGS):
-            out.act('remount %s with %s (was %d KiB, %s)' % (self.path, mount_options(kib), current.size_kib or 0, ','.join(current.flags)))
-            if not self.check_mode:
-                self.mounter.remount(self.path, kib)
+            out.act('remount %s with %s (was %d KiB, %s)' % (self.path, mount_options(kib), current.size_kib or 0, ','.join(current.flags)),
+                    lambda: self.mounter.remount(self.path, kib))
         if current.mode != '1777':
             # tmpfs takes mode= only when mounted; the root directory's mode is changed in place.
-            out.act('chmod 1777 %s (was %s)' % (self.path, current.mode))
-            if not self.check_mode:
-                os.chmod(self.path, MODE)
+            out.act('chmod 1777 %s (was %s)' % (self.path, current.mode), lambda: os.chmod(self.path, MODE))
 
     def _persist(self, kib: t.Optional[int], out: ShmOutcome) -> None:
         """One persistence mechanism (or none): the other is removed, so two never fight at boot."""
@@ -390,34 +388,25 @@ class ShmManager:
         if fstab is not None or wanted_line is not None:
             new = fstab_edit(fstab or '', self.path, wanted_line)
             if new != (fstab or ''):
-                out.act('%s %s in %s' % ('write the entry for' if wanted_line else 'remove the entry for', self.path, self.fstab))
-                if not self.check_mode:
-                    mode = stat.S_IMODE(os.stat(self.fstab).st_mode) if fstab is not None else 0o644
-                    atomic_write(self.fstab, new, mode)
+                mode = stat.S_IMODE(os.stat(self.fstab).st_mode) if fstab is not None else 0o644
+                out.act('%s %s in %s' % ('write the entry for' if wanted_line else 'remove the entry for', self.path, self.fstab),
+                        lambda: atomic_write(self.fstab, new, mode))
         unit = render_mount_unit(self.path, kib) if kib is not None and self.persist == 'systemd' else None
         existing = read_text(self.unit_path)
         if unit is not None and existing != unit:
-            out.act('write %s' % self.unit_path)
+            out.act('write %s' % self.unit_path, lambda: (
+                ensure_dir(os.path.dirname(self.unit_path), 0o755), atomic_write(self.unit_path, unit, 0o644)))
             out.daemon_reload = True
-            if not self.check_mode:
-                ensure_dir(os.path.dirname(self.unit_path), 0o755)
-                atomic_write(self.unit_path, unit, 0o644)
         elif unit is None and existing is not None:
             if self.systemctl is not None and self.systemctl.is_enabled(self.unit):
-                out.act('disable %s' % self.unit)
-                if not self.check_mode:
-                    self.systemctl.disable(self.unit)
-            out.act('remove %s' % self.unit_path)
+                systemctl = self.systemctl
+                out.act('disable %s' % self.unit, lambda: systemctl.disable(self.unit))
+            out.act('remove %s' % self.unit_path, lambda: remove(self.unit_path))
             out.daemon_reload = True
-            if not self.check_mode:
-                remove(self.unit_path)
         if self.systemctl is None:
             return
+        systemctl = self.systemctl
         if out.daemon_reload:
-            out.act('systemctl daemon-reload')
-            if not self.check_mode:
-                self.systemctl.daemon_reload()
-        if unit is not None and not self.systemctl.is_enabled(self.unit):
-            out.act('enable %s' % self.unit)
-            if not self.check_mode:
-                self.systemctl.enable(self.unit)
+            out.act('systemctl daemon-reload', systemctl.daemon_reload)
+        if unit is not None and not systemctl.is_enabled(self.unit):
+            out.act('enable %s' % self.unit, lambda: systemctl.enable(self.unit))

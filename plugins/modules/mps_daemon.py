@@ -258,23 +258,16 @@ actions:
   sample: ['set compute mode EXCLUSIVE_PROCESS on GPU 0 (GPU-6a2b5c1e-5f0e-4e9b-9a55-1c7f2a1b0c01)', 'start the MPS control daemon']
 '''
 
-import shutil
-
-from ansible_collections.gpufleet.mps.plugins.module_utils._daemon import Daemon
-from ansible_collections.gpufleet.mps.plugins.module_utils._errors import InvalidParameterError
+from ansible_collections.gpufleet.mps.plugins.module_utils._daemon.manager import DaemonSetup
 from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import ENUMERATION_WARNING, Nvml
-from ansible_collections.gpufleet.mps.plugins.module_utils._module import run_module
-from ansible_collections.gpufleet.mps.plugins.module_utils._resource import ResourceManager, require_binary
-from ansible_collections.gpufleet.mps.plugins.module_utils._root import config_paths, container_view, resource_paths, validate_log_mode
-from ansible_collections.gpufleet.mps.plugins.module_utils._systemd import Systemctl, systemd_is_pid1
+from ansible_collections.gpufleet.mps.plugins.module_utils._module import common_argument_spec, control_binary, finish, run_module
+from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import DEFAULT_CONTAINER_ROOT, DEFAULT_LOG_MODE
 
 
 def argument_spec():
-    return dict(
+    spec = common_argument_spec()
+    spec.update(
         name=dict(type='str', required=True),
-        root=dict(type='path', default='/run/nvidia/mps'),
-        config_dir=dict(type='path', default='/etc/gpufleet-mps'),
-        control_binary=dict(type='path'),
         state=dict(type='str', choices=['started', 'stopped', 'restarted', 'absent'], default='started'),
         remove_logs=dict(type='bool', default=False),
         devices=dict(type='raw', default='all'),
@@ -284,66 +277,35 @@ def argument_spec():
         enabled=dict(type='bool', default=True),
         start_timeout=dict(type='int', default=30),
         stop_timeout=dict(type='int', default=30),
-        log_mode=dict(type='raw', default='0700'),
+        log_mode=dict(type='raw', default=format(DEFAULT_LOG_MODE, '04o')),
         shm=dict(type='bool', default=False),
-        container_root=dict(type='path', default='/mps'),
+        container_root=dict(type='path', default=DEFAULT_CONTAINER_ROOT),
     )
+    return spec
 
 
 def run(module):
     params = module.params
-    for timeout in ('start_timeout', 'stop_timeout'):
-        if params[timeout] < 0 or (timeout == 'start_timeout' and params[timeout] == 0):
-            raise InvalidParameterError(timeout, 'must be a positive number of seconds, got %d' % params[timeout])
-    devices = params['devices']
-    if not (devices == 'all' or isinstance(devices, list)):
-        raise InvalidParameterError('devices', 'must be "all" or a list of GPU indices, UUIDs or unique UUID prefixes')
-    log_mode = validate_log_mode(params['log_mode'])
-    paths = resource_paths(params['root'], params['name'])
-    container = container_view(paths, params['container_root'], params['shm'])
-    config = config_paths(params['config_dir'], params['name'])
-    binary = require_binary(params['control_binary'] or shutil.which('nvidia-cuda-mps-control'))
-    supervisor = params['supervisor']
-    if supervisor == 'auto':
-        supervisor = 'systemd' if systemd_is_pid1() else 'none'
-    systemctl = None
-    nvidia_smi = None
-    if supervisor == 'systemd':
-        systemctl_path = shutil.which('systemctl')
-        if not systemctl_path:
-            raise InvalidParameterError('supervisor', 'systemd was asked for but systemctl is not installed')
-        systemctl = Systemctl(systemctl_path)
-        nvidia_smi = shutil.which('nvidia-smi') or '/usr/bin/nvidia-smi'
-    daemon = Daemon(paths, binary, start_timeout=params['start_timeout'], stop_timeout=params['stop_timeout'],
-                    log_mode=log_mode, shm_dir=paths.shm_dir if params['shm'] else None)
-
+    setup = DaemonSetup.from_params(params, control_binary)
     with Nvml() as nvml:
-        manager = ResourceManager(paths, config, daemon, nvml, supervisor, module.check_mode,
-                                  systemctl=systemctl, nvidia_smi=nvidia_smi)
-        outcome = manager.ensure(params['state'], devices, params['multiuser'], params['compute_mode'], params['enabled'],
-                                 params['shm'], remove_logs=params['remove_logs'])
+        outcome = setup.manager(nvml, module.check_mode).ensure(
+            params['state'], params['devices'], params['multiuser'], params['compute_mode'], params['enabled'], params['shm'],
+            remove_logs=params['remove_logs'])
         if nvml.enumeration_var_was_set:
             outcome.warnings.append(ENUMERATION_WARNING)
-
-    for warning in outcome.warnings:
-        module.warn(warning)
     running = params['state'] not in ('stopped', 'absent')
-    result = dict(
-        changed=outcome.changed,
+    return finish(
+        module, outcome,
         pid=outcome.pid if running else None,
-        pipe_dir=paths.pipe_dir,
-        log_dir=paths.log_dir,
+        pipe_dir=setup.paths.pipe_dir,
+        log_dir=setup.paths.log_dir,
         devices=outcome.devices if running else [],
-        env=paths.client_env(),
-        container=container,
-        supervisor=supervisor,
+        env=setup.paths.client_env(),
+        container=setup.container,
+        supervisor=setup.supervisor,
         started_at=outcome.started_at if running else None,
         forced=outcome.forced,
-        actions=outcome.actions,
     )
-    if module._diff:
-        result['diff'] = dict(before=outcome.before, after=outcome.after)
-    return result
 
 
 def main():

@@ -422,28 +422,26 @@ warnings:
 import shutil
 
 from ansible_collections.gpufleet.mps.plugins.module_utils._info import GATHER_CHOICES, Collector, InfoRequest
-from ansible_collections.gpufleet.mps.plugins.module_utils._module import run_module
-from ansible_collections.gpufleet.mps.plugins.module_utils._resource import require_binary
+from ansible_collections.gpufleet.mps.plugins.module_utils._module import CONTROL_BINARY, common_argument_spec, run_module
+from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import DEFAULT_CONTAINER_ROOT
+from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.process import require_binary
 
 
 def argument_spec():
-    return dict(
+    spec = common_argument_spec()
+    spec.update(
         name=dict(type='str'),
-        root=dict(type='path', default='/run/nvidia/mps'),
-        config_dir=dict(type='path', default='/etc/gpufleet-mps'),
-        control_binary=dict(type='path'),
         gather=dict(type='list', elements='str', choices=list(GATHER_CHOICES), default=list(GATHER_CHOICES)),
         timeout=dict(type='int', default=10),
-        container_root=dict(type='path', default='/mps'),
+        container_root=dict(type='path', default=DEFAULT_CONTAINER_ROOT),
     )
+    return spec
 
 
 def run(module):
     params = module.params
-    if params['control_binary']:
-        binary = require_binary(params['control_binary'])
-    else:
-        binary = shutil.which('nvidia-cuda-mps-control')
+    # A read-only module: without the binary the facts say so instead of failing.
+    binary = require_binary(params['control_binary']) if params['control_binary'] else shutil.which(CONTROL_BINARY)
     request = InfoRequest.validate(params['root'], params['config_dir'], params['name'], params['gather'], binary,
                                    params['timeout'], params['container_root'])
     report = Collector(request).collect()

@@ -168,25 +168,29 @@ pending:
   type: list
   elements: dict
   sample: [{pid: 4242, active_thread_percentage: 100.0, pinned_device_mem_limit: {'0': null}}]
+actions:
+  description:
+    - What the run did, or in check mode would do, in order - the control commands applied in one UI session and the
+      files of O(config_dir) written. Empty when nothing changed.
+  returned: always
+  type: list
+  elements: str
+  sample: ['apply set_default_active_thread_percentage 25.0', 'write /etc/gpufleet-mps/train.limits.json']
+  version_added: 0.2.0
 '''
 
-import shutil
-
-from ansible_collections.gpufleet.mps.plugins.module_utils._daemon import Daemon, inspect
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import InvalidParameterError
 from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import ENUMERATION_WARNING, Nvml
-from ansible_collections.gpufleet.mps.plugins.module_utils._limits_manager import LimitsManager
-from ansible_collections.gpufleet.mps.plugins.module_utils._module import run_module
-from ansible_collections.gpufleet.mps.plugins.module_utils._resource import require_binary
-from ansible_collections.gpufleet.mps.plugins.module_utils._root import config_paths, resource_paths
+from ansible_collections.gpufleet.mps.plugins.module_utils._limits.manager import LimitsManager
+from ansible_collections.gpufleet.mps.plugins.module_utils._module import common_argument_spec, control_binary, finish, run_module
+from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import config_paths, resource_paths
+from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.process import Daemon, inspect
 
 
 def argument_spec():
-    return dict(
+    spec = common_argument_spec()
+    spec.update(
         name=dict(type='str', required=True),
-        root=dict(type='path', default='/run/nvidia/mps'),
-        config_dir=dict(type='path', default='/etc/gpufleet-mps'),
-        control_binary=dict(type='path'),
         active_thread_percentage=dict(type='float'),
         pinned_device_mem_limit=dict(type='raw'),
         replicas=dict(type='int'),
@@ -195,6 +199,7 @@ def argument_spec():
         create=dict(type='bool', default=False),
         timeout=dict(type='int', default=30),
     )
+    return spec
 
 
 def run(module):
@@ -205,18 +210,15 @@ def run(module):
     config = config_paths(params['config_dir'], params['name'])
     daemon = None
     if inspect(paths).running:
-        binary = require_binary(params['control_binary'] or shutil.which('nvidia-cuda-mps-control'))
-        daemon = Daemon(paths, binary, start_timeout=params['timeout'], stop_timeout=0)
+        daemon = Daemon(paths, control_binary(params['control_binary']), start_timeout=params['timeout'], stop_timeout=0)
     with Nvml() as nvml:
         manager = LimitsManager(paths, config, daemon, nvml.gpus(), module.check_mode)
         outcome = manager.ensure(params['active_thread_percentage'], params['pinned_device_mem_limit'], params['replicas'],
                                  params['running_servers'], params['persist'], params['create'])
         if nvml.enumeration_var_was_set:
             outcome.warnings.append(ENUMERATION_WARNING)
-    for warning in outcome.warnings:
-        module.warn(warning)
-    result = dict(
-        changed=outcome.changed,
+    return finish(
+        module, outcome,
         limits=outcome.limits,
         before=outcome.before,
         after=outcome.after,
@@ -226,9 +228,6 @@ def run(module):
         running=outcome.running,
         pending=outcome.pending,
     )
-    if module._diff:
-        result['diff'] = dict(before=outcome.before, after=outcome.after)
-    return result
 
 
 def main():

@@ -149,14 +149,14 @@ import shutil
 
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import InvalidParameterError, UnsafePathError
 from ansible_collections.gpufleet.mps.plugins.module_utils._io import refuse_unsafe_dirs
-from ansible_collections.gpufleet.mps.plugins.module_utils._module import run_module
+from ansible_collections.gpufleet.mps.plugins.module_utils._module import common_argument_spec, finish, run_module
 from ansible_collections.gpufleet.mps.plugins.module_utils._shm import Mounter, ShmManager, mount_options, size_kib
-from ansible_collections.gpufleet.mps.plugins.module_utils._systemd import UNIT_DIR, Systemctl, systemd_is_pid1
+from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.unit import UNIT_DIR, Systemctl, systemd_is_pid1
 
 
 def argument_spec():
     return dict(
-        root=dict(type='path', default='/run/nvidia/mps'),
+        root=common_argument_spec()['root'],
         state=dict(type='str', choices=['mounted', 'absent'], default='mounted'),
         size=dict(type='str', default='50%'),
         persist=dict(type='str', choices=['auto', 'systemd', 'fstab', 'none'], default='auto'),
@@ -188,20 +188,11 @@ def run(module):
         raise UnsafePathError('root: %s is a symbolic link (to %s); refusing to mount through it' % (
             manager.given_path, os.readlink(manager.given_path)), path=manager.given_path, param='root')
     outcome = manager.ensure(params['state'], params['size'])
-    result = dict(
-        changed=outcome.changed,
-        path=manager.path,
-        mounted=outcome.after['mounted'],
-        size_kib=outcome.after['size_kib'],
-        persist=persist,
-        unit=manager.unit,
-        actions=outcome.actions,
-    )
+    values = dict(path=manager.path, mounted=outcome.after['mounted'], size_kib=outcome.after['size_kib'], persist=persist,
+                  unit=manager.unit)
     if params['state'] == 'mounted':
-        result['options'] = mount_options(kib)
-    if module._diff:
-        result['diff'] = dict(before=outcome.before, after=outcome.after)
-    return result
+        values['options'] = mount_options(kib)
+    return finish(module, outcome, **values)
 
 
 def main():

@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from ansible_collections.gpufleet.mps.plugins.module_utils import _control
+from ansible_collections.gpufleet.mps.plugins.module_utils._protocol import commands as _commands, framing as _control
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import (
     ControlBinaryError,
     ControlCommandError,
@@ -41,13 +41,13 @@ def fake_ui(tmp_path, stdout='', stderr='', rc=0, sleep=0):
     (('get_default_device_pinned_mem_limit', 'GPU-0a1b2c3d-0000'), 'get_default_device_pinned_mem_limit GPU-0a1b2c3d-0000'),
 ])
 def test_command_joins_plain_tokens(args, expected):
-    assert _control.command(*args) == expected
+    assert _commands.command(*args) == expected
 
 
 @pytest.mark.parametrize('bad', ['25\nquit', '1G quit', '', '-t', 'a;b', '$(id)', '1G\0', ' 1G'])
 def test_command_refuses_tokens_that_could_smuggle_a_second_command(bad):
     with pytest.raises(InvalidParameterError):
-        _control.command('set_default_device_pinned_mem_limit', 0, bad)
+        _commands.command('set_default_device_pinned_mem_limit', 0, bad)
 
 
 def test_batch_sends_one_process_with_delimiters_and_splits_replies(tmp_path):
@@ -67,8 +67,8 @@ def test_batch_sends_one_process_with_delimiters_and_splits_replies(tmp_path):
         'get_default_device_pinned_mem_limit 1\nget_default_active_thread_percentage\n'
         'get_server_list')
     assert [r.lines for r in replies] == [('25.0',), ('3G',), (), ('101', '202')]
-    assert _control.parse_percentage(replies[0]) == 25.0
-    assert _control.parse_pids(replies[3]) == [101, 202]
+    assert _commands.parse_percentage(replies[0]) == 25.0
+    assert _commands.parse_pids(replies[3]) == [101, 202]
 
 
 def test_batch_passes_the_pipe_dir_and_never_nvml_mps_device_enumeration(tmp_path):
@@ -93,7 +93,7 @@ def test_rejected_command_with_exit_0_is_an_error_not_a_value(tmp_path):
     ui = fake_ui(tmp_path, stdout='Invalid thread percentage\n')
     reply = _control.ControlClient(ui, '/p', timeout=5).batch(['set_default_active_thread_percentage 250'])[0]
     with pytest.raises(ControlCommandError, match='Invalid thread percentage'):
-        _control.parse_percentage(reply)
+        _commands.parse_percentage(reply)
 
 
 def test_silent_command_that_prints_is_rejected(tmp_path):
@@ -101,7 +101,7 @@ def test_silent_command_that_prints_is_rejected(tmp_path):
     replies = _control.ControlClient(ui, '/p', timeout=5).batch(
         ['set_default_device_pinned_mem_limit 9 1G', 'get_default_active_thread_percentage'])
     with pytest.raises(ControlCommandError, match='Invalid device'):
-        _control.expect_silent(replies[0])
+        _commands.expect_silent(replies[0])
 
 
 def test_missing_delimiter_is_an_unparsable_reply(tmp_path):

@@ -10,9 +10,11 @@ import sys
 
 import pytest
 
-from ansible_collections.gpufleet.mps.plugins.module_utils import _daemon
+from ansible_collections.gpufleet.mps.plugins.module_utils import _proc
+from ansible_collections.gpufleet.mps.plugins.module_utils._resource import lock as _lock
+from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor import process as _daemon
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import ControlBinaryError, DaemonTimeoutError, ReplayRejectedError
-from ansible_collections.gpufleet.mps.plugins.module_utils._root import resource_paths
+from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import resource_paths
 
 
 @pytest.fixture
@@ -32,13 +34,13 @@ def test_lock_holders_reads_proc_locks_for_the_files_inode(tmp_path):
         '1: POSIX  ADVISORY  WRITE 4242 %s 0 EOF\n'
         '1: -> POSIX  ADVISORY  WRITE 5151 %s 0 EOF\n'
         '2: FLOCK  ADVISORY  WRITE 99 00:01:1 0 EOF\n' % (devino, devino))
-    assert _daemon.lock_holders(str(target), str(locks)) == [4242]
+    assert _proc.lock_holders(str(target), str(locks)) == [4242]
 
 
 def test_lock_holders_is_empty_for_a_missing_file_and_unknown_without_proc_locks(tmp_path):
-    assert _daemon.lock_holders(str(tmp_path / 'nope')) == []
+    assert _proc.lock_holders(str(tmp_path / 'nope')) == []
     (tmp_path / 'f').write_text('')
-    assert _daemon.lock_holders(str(tmp_path / 'f'), str(tmp_path / 'no-proc-locks')) is None
+    assert _proc.lock_holders(str(tmp_path / 'f'), str(tmp_path / 'no-proc-locks')) is None
 
 
 def _listen(path):
@@ -76,7 +78,7 @@ def test_a_daemon_whose_lock_does_not_show_in_proc_locks_is_running_when_its_soc
     sock = _listen(paths.control_socket)
     try:
         open(os.path.join(paths.pipe_dir, 'control_lock'), 'w').close()
-        assert _daemon.lock_holders(os.path.join(paths.pipe_dir, 'control_lock')) == []
+        assert _proc.lock_holders(os.path.join(paths.pipe_dir, 'control_lock')) == []
         state = _daemon.inspect(paths)
         assert state.running and not state.stale and state.conflict is None
     finally:
@@ -191,7 +193,7 @@ def test_daemon_env_has_a_default_path(paths):
 
 def test_resource_lock_serialises_two_holders(tmp_path):
     path = str(tmp_path / 'r' / '.lock')
-    with _daemon.ResourceLock(path):
+    with _lock.ResourceLock(path):
         probe = os.open(path, os.O_RDWR)
         try:
             with pytest.raises(BlockingIOError):
@@ -208,7 +210,7 @@ def test_resource_lock_serialises_two_holders(tmp_path):
 def test_child_pids_lists_the_children_of_a_process():
     children = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']) for dummy in range(2)]
     try:
-        found = _daemon.child_pids(os.getpid())
+        found = _proc.child_pids(os.getpid())
         assert {child.pid for child in children} <= set(found)
     finally:
         for child in children:
@@ -217,7 +219,7 @@ def test_child_pids_lists_the_children_of_a_process():
 
 
 def test_child_pids_of_a_missing_process_is_empty():
-    assert _daemon.child_pids(2 ** 22 + 12345) == []
+    assert _proc.child_pids(2 ** 22 + 12345) == []
 
 
 class _Replayer:

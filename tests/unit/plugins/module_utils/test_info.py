@@ -10,12 +10,13 @@ import time
 
 import pytest
 
-from ansible_collections.gpufleet.mps.plugins.module_utils import _control, _gpus, _info
-from ansible_collections.gpufleet.mps.plugins.module_utils._control import Reply, SENTINEL
-from ansible_collections.gpufleet.mps.plugins.module_utils._daemon import daemon_env
+from ansible_collections.gpufleet.mps.plugins.module_utils import _gpus, _info, _proc
+from ansible_collections.gpufleet.mps.plugins.module_utils._protocol import framing as _control, state as _state
+from ansible_collections.gpufleet.mps.plugins.module_utils._protocol.framing import Reply, SENTINEL
+from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.process import daemon_env
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import ControlBinaryError, InvalidParameterError
-from ansible_collections.gpufleet.mps.plugins.module_utils._limits import Limits
-from ansible_collections.gpufleet.mps.plugins.module_utils._root import resource_paths
+from ansible_collections.gpufleet.mps.plugins.module_utils._limits.model import Limits
+from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import resource_paths
 
 UUID0 = 'GPU-6a2b5c1e-0000-4000-8000-000000000000'
 UUID1 = 'GPU-6a2b5c1e-1111-4000-8000-000000000001'
@@ -44,7 +45,7 @@ def test_a_failed_pid_percentage_query_never_shifts_the_replies_after_it(failure
     lines = failure + PS + ['100.0', 'ACTIVE', '100.0', '25.0']
     replies = _control.split_replies(cmds, lines)
     assert [reply.command for reply in replies] == cmds
-    assert _info._optional_percentage(replies[0]) is None
+    assert _state.optional_percentage(replies[0]) is None
     assert replies[1].lines == ('ACTIVE',)
     assert replies[2].lines == ('25.0',)
 
@@ -73,7 +74,7 @@ def _replies(cmds, texts):
 
 
 def test_only_listed_servers_are_reported_with_status_uid_clients_and_limits():
-    cmds = _info.daemon_commands(2, [31, 32])
+    cmds = _state.state_commands(2, [31, 32])
     replies = _replies(cmds, [
         '25.0', '32', '3G', '0M',                                       # defaults, server list
         'Server with PID 31 not found', 'Server with PID 31 not found',  # 31: not a server
@@ -90,7 +91,7 @@ def test_only_listed_servers_are_reported_with_status_uid_clients_and_limits():
 
 
 def test_a_listed_server_that_is_not_a_child_is_still_listed():
-    cmds = _info.daemon_commands(1, [])
+    cmds = _state.state_commands(1, [])
     readout = _info.parse_daemon_replies(_replies(cmds, ['100.0', '77', '']), 1, [], [UUID0], lambda pid: None)
     assert readout.default_mem == [None]
     assert readout.servers == [{'pid': 77, 'status': None, 'uid': None, 'clients': [],
@@ -100,9 +101,9 @@ def test_a_listed_server_that_is_not_a_child_is_still_listed():
 def test_process_uid_reads_the_real_uid(tmp_path):
     (tmp_path / '12').mkdir()
     (tmp_path / '12' / 'status').write_text('Name:\tnvidia-cuda-mps\nUid:\t1000\t1000\t1000\t1000\n')
-    assert _info.process_uid(12, str(tmp_path)) == 1000
-    assert _info.process_uid(13, str(tmp_path)) is None
-    assert _info.process_uid(os.getpid()) == os.getuid()
+    assert _proc.process_uid(12, str(tmp_path)) == 1000
+    assert _proc.process_uid(13, str(tmp_path)) is None
+    assert _proc.process_uid(os.getpid()) == os.getuid()
 
 
 # --- limits -------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import pytest
 
 from ansible_collections.gpufleet.mps.plugins.module_utils import _io
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import MpsError, UnsafePathError
-from ansible_collections.gpufleet.mps.plugins.module_utils._root import managed_dirs, resource_paths
+from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import managed_dirs, resource_paths
 
 
 def test_atomic_write_reports_change_and_sets_the_mode(tmp_path):

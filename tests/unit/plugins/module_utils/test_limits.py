@@ -9,11 +9,12 @@ import types
 
 import pytest
 
-from ansible_collections.gpufleet.mps.plugins.module_utils import _limits, _limits_manager
+from ansible_collections.gpufleet.mps.plugins.module_utils._limits import manager as _limits_manager, model as _limits
+from ansible_collections.gpufleet.mps.plugins.module_utils._resource import store as _store
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import InvalidParameterError, MpsError
 from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import Gpu
-from ansible_collections.gpufleet.mps.plugins.module_utils._limits_manager import LimitsManager
-from ansible_collections.gpufleet.mps.plugins.module_utils._root import config_paths, resource_paths
+from ansible_collections.gpufleet.mps.plugins.module_utils._limits.manager import LimitsManager
+from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import config_paths, resource_paths
 
 
 @pytest.mark.parametrize('value, mib', [
@@ -146,18 +147,18 @@ def test_one_size_means_every_gpu_of_the_daemon_in_its_order(manager):
 def test_persisted_record_round_trips_and_unknown_formats_are_ignored(tmp_path):
     config = config_paths(str(tmp_path), 'nvidia.com/gpu')
     limits = _limits.Limits(25.0, {'GPU-a': 3840}, 4)
-    assert _limits.persist(config, limits, check_mode=False)
-    assert not _limits.persist(config, limits, check_mode=False)
-    assert _limits.read_persisted(config) == limits
+    assert _store.persist(config, limits, check_mode=False)
+    assert not _store.persist(config, limits, check_mode=False)
+    assert _store.read_persisted(config) == limits
     assert config.limits_json.endswith('/nvidia.com-gpu.limits.json')
     with open(config.limits_json, 'w') as handle:
         json.dump({'format': 99}, handle)
-    assert _limits.read_persisted(config) is None
+    assert _store.read_persisted(config) is None
 
 
 def test_check_mode_persists_nothing(tmp_path):
     config = config_paths(str(tmp_path), 'r')
-    assert _limits.persist(config, _limits.Limits(50.0), check_mode=True)
+    assert _store.persist(config, _limits.Limits(50.0), check_mode=True)
     assert not (tmp_path / 'r.limits.json').exists()
 
 
@@ -165,10 +166,10 @@ def test_replay_file_refuses_anything_but_limit_commands(tmp_path):
     config = config_paths(str(tmp_path), 'r')
     (tmp_path / 'r.limits').write_text('set_default_active_thread_percentage 25\nquit\n')
     with pytest.raises(MpsError, match='not a limit command'):
-        _limits.read_replay(config)
+        _store.read_replay(config)
     (tmp_path / 'r.limits').write_text('set_default_active_thread_percentage 25;quit\n')
     with pytest.raises(InvalidParameterError):
-        _limits.read_replay(config)
+        _store.read_replay(config)
 
 
 class RecordingLock:
@@ -228,7 +229,7 @@ def test_the_resource_lock_is_held_while_limits_are_written_with_no_daemon_runni
     monkeypatch.setattr(_limits_manager, 'persist', persist)
     out = limits.ensure(None, None, 4, 'ignore', True, create=True)
     assert out.persisted and not out.running
-    assert held == [True]
+    assert held and all(held)  # planning and applying, both under the lock
 
 
 def test_with_the_daemon_down_the_commands_file_follows_the_environment_files_device_order(tmp_path):

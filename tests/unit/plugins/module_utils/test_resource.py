@@ -7,11 +7,12 @@ import types
 
 import pytest
 
-from ansible_collections.gpufleet.mps.plugins.module_utils._daemon import DaemonState
+from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.process import DaemonState
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import InvalidParameterError
-from ansible_collections.gpufleet.mps.plugins.module_utils._resource import Outcome, ResourceManager, Wanted
-from ansible_collections.gpufleet.mps.plugins.module_utils._root import config_paths, resource_paths
-from ansible_collections.gpufleet.mps.plugins.module_utils._systemd import RESTART_ENV, parse_env, render_env
+from ansible_collections.gpufleet.mps.plugins.module_utils._daemon.manager import Outcome, ResourceManager, Wanted
+from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import config_paths, resource_paths
+from ansible_collections.gpufleet.mps.plugins.module_utils._resource.record import StartRecord
+from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.unit import RESTART_ENV, parse_env, render_env
 
 
 @pytest.fixture
@@ -39,8 +40,12 @@ def _wanted(**overrides):
 RUNNING = DaemonState(running=True, pid=99999999, pid_file_pid=99999999)
 
 
-def _record(wanted):
+def _data(wanted):
     return dict(wanted.record(), pid=99999999)
+
+
+def _record(wanted):
+    return StartRecord.from_data(_data(wanted))
 
 
 def _write_env(manager, wanted, **changes):
@@ -83,7 +88,7 @@ def test_the_restart_keys_are_exactly_what_the_unit_starts_the_daemon_with(manag
 def test_a_record_without_shm_means_shm_false_and_a_change_of_shm_restarts(manager):
     wanted = _wanted()
     _write_env(manager, wanted)
-    old_record = {key: value for key, value in _record(wanted).items() if key != 'shm'}
+    old_record = StartRecord.from_data({key: value for key, value in _data(wanted).items() if key != 'shm'})
     assert manager._differences(wanted, RUNNING, old_record) == []
     assert manager._differences(_wanted(shm=True), RUNNING, old_record) == ['shm: False -> True']
 
@@ -143,7 +148,7 @@ def test_a_daemon_that_cannot_get_its_namespace_is_refused_before_the_running_on
     daemon = NoNamespaceDaemon(binary='/bin/true', log_mode=0o700, start_timeout=30, stop_timeout=30, stopped=[])
     manager = ResourceManager(paths, config, daemon, nvml=None, supervisor='none', check_mode=False)
     wanted = _wanted(supervisor='none', shm=True)
-    record = dict(_wanted(supervisor='none').record(), pid=RUNNING.pid)
+    record = StartRecord.from_data(dict(_wanted(supervisor='none').record(), pid=RUNNING.pid))
     with pytest.raises(InvalidParameterError, match='^shm: cannot give the daemon'):
         manager._ensure_running('started', wanted, RUNNING, record, Outcome())
     assert daemon.stopped == []
@@ -156,5 +161,5 @@ def test_a_systemd_root_that_a_drop_in_cannot_carry_is_refused_before_anything_i
     manager = ResourceManager(paths, config, daemon, nvml=None, supervisor='systemd', check_mode=False)
     wanted = _wanted(shm=True)
     with pytest.raises(InvalidParameterError, match='^root: .* cannot be written into a systemd unit'):
-        manager._ensure_running('started', wanted, RUNNING, dict(_wanted().record(), pid=RUNNING.pid), Outcome())
+        manager._ensure_running('started', wanted, RUNNING, _record(_wanted()), Outcome())
     assert daemon.stopped == []

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import InvalidParameterError
-from ansible_collections.gpufleet.mps.plugins.module_utils._root import (
+from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import (
     MAX_PIPE_DIR_BYTES,
     container_view,
     resource_paths,

@@ -8,7 +8,8 @@ import subprocess
 
 import pytest
 
-from ansible_collections.gpufleet.mps.plugins.module_utils import _shm, _systemd
+from ansible_collections.gpufleet.mps.plugins.module_utils import _shm
+from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor import unit as _systemd
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import InvalidParameterError, MpsError
 
 PAGES = (6170896, 4096)  # a 24 GiB machine: total pages, page size

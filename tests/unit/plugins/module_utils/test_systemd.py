@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from ansible_collections.gpufleet.mps.plugins.module_utils import _systemd
+from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor import unit as _systemd
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import MpsError
 
 

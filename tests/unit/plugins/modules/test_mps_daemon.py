@@ -9,7 +9,7 @@ import pytest
 
 from ansible.module_utils.testing import patch_module_args
 
-from ansible_collections.gpufleet.mps.plugins.module_utils import _resource
+from ansible_collections.gpufleet.mps.plugins.module_utils._daemon import manager as _resource
 from ansible_collections.gpufleet.mps.plugins.modules import mps_daemon
 
 

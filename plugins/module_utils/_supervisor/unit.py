@@ -22,7 +22,8 @@ import os
 import subprocess
 import typing as t
 
-from ._errors import MpsError
+from .._errors import MpsError
+from .._resource.layout import ConfigPaths, ResourcePaths
 
 UNIT_NAME = 'gpufleet-mps@.service'
 UNIT_DIR = '/etc/systemd/system'
@@ -113,6 +114,27 @@ def render_env(resource: str, values: t.Mapping[str, str]) -> str:
             raise MpsError('refusing to write %s=%r to a systemd environment file' % (name, value))
         lines.append('%s=%s' % (name, value))
     return '\n'.join(lines) + '\n'
+
+
+# nvidia-smi's names for the compute modes the unit sets before start (and resets after stop).
+SMI_MODE = {'exclusive_process': 'EXCLUSIVE_PROCESS', 'default': 'DEFAULT'}
+
+
+def unit_environment(paths: ResourcePaths, config: ConfigPaths, uuids: t.Sequence[str], multiuser: bool, compute_mode: str,
+                     control_binary: str, nvidia_smi: t.Optional[str], stop_timeout: int, log_mode: int) -> t.Dict[str, str]:
+    """The instance's environment file: the contract between this collection and the unit template above."""
+    values = dict(paths.client_env())
+    values.update({
+        'CUDA_VISIBLE_DEVICES': ','.join(uuids),
+        'MPS_CONTROL': control_binary,
+        'MPS_DAEMON_ARGS': '-multiuser-server' if multiuser else '',
+        'MPS_COMPUTE_MODE': SMI_MODE.get(compute_mode, ''),
+        'MPS_NVIDIA_SMI': nvidia_smi or 'nvidia-smi',
+        'MPS_STOP_TIMEOUT': str(stop_timeout),
+        'MPS_LIMITS_FILE': config.limits_file,
+        'MPS_LOG_MODE': format(log_mode, '04o'),
+    })
+    return values
 
 
 # The environment values the running daemon was started with: a change means a restart.

@@ -22,13 +22,7 @@ import subprocess
 import typing as t
 from dataclasses import dataclass
 
-from ._errors import (
-    ControlBinaryError,
-    ControlCommandError,
-    DaemonNotRunningError,
-    DaemonTimeoutError,
-    InvalidParameterError,
-)
+from .._errors import ControlBinaryError, DaemonNotRunningError, DaemonTimeoutError
 
 NOT_RUNNING_TEXT = 'Cannot find MPS control daemon process'
 SENTINEL = 'get_default_active_thread_percentage'
@@ -39,25 +33,11 @@ PERCENT_COMMANDS = frozenset((
     'get_active_thread_percentage',
     'set_active_thread_percentage',
 ))
-_PERCENT_LINE = re.compile(r'\d+\.\d+')
+PERCENT_LINE = re.compile(r'\d+\.\d+')
 # Sent after a per-server percentage query that may fail (the pid may not be a server): its reply
 # always starts with a header line that is not a percentage, so an empty error reply cannot be
 # mistaken for the sentinel's percentage.
 FENCE = 'ps'
-_TOKEN = re.compile(r'[A-Za-z0-9][A-Za-z0-9._:=-]*')
-
-
-def command(name: str, *args: t.Union[str, int, float]) -> str:
-    """Build one control command from plain tokens.
-
-    Every token must be a single word of letters, digits and ``._:=-``: no whitespace, newline or
-    other character can reach the control pipe, so no value can smuggle in a second command.
-    """
-    tokens = [name] + [str(arg) for arg in args]
-    for token in tokens:
-        if not _TOKEN.fullmatch(token):
-            raise InvalidParameterError('command', 'refusing to send %r to the control daemon: not a plain token' % token)
-    return ' '.join(tokens)
 
 
 @dataclass(frozen=True)
@@ -82,7 +62,7 @@ def _may_fail_percent(cmd: str) -> bool:
 
 
 def _is_percent_line(line: str) -> bool:
-    return bool(_PERCENT_LINE.fullmatch(line))
+    return bool(PERCENT_LINE.fullmatch(line))
 
 
 def batch_text(commands: t.Sequence[str]) -> str:
@@ -195,36 +175,3 @@ class ControlClient:
         return split_replies(commands, lines)
 
 
-def parse_percentage(reply: Reply) -> float:
-    """Parse a one-line ``%.1f`` reply, or raise with the daemon's text."""
-    if len(reply.lines) == 1 and _PERCENT_LINE.fullmatch(reply.lines[0]):
-        return float(reply.lines[0])
-    raise ControlCommandError('the MPS control daemon rejected %r: %s' % (reply.command, reply.text or '(no output)'))
-
-
-def expect_silent(reply: Reply) -> None:
-    """A command that prints nothing on success printed something: that is its error text."""
-    if reply.lines:
-        raise ControlCommandError('the MPS control daemon rejected %r: %s' % (reply.command, reply.text))
-
-
-def check_applied(replies: t.Sequence[Reply]) -> None:
-    """Every ``set_*`` command of a batch was accepted: a percentage setter echoes the value, the others print nothing.
-
-    The UI's exit status is 0 even when a command is rejected, so each reply is looked at; the first
-    rejected one raises with the daemon's own text.
-    """
-    for reply in replies:
-        verb = reply.command.split()[0]
-        if verb in PERCENT_COMMANDS:
-            parse_percentage(reply)
-        elif verb.startswith('set_'):
-            expect_silent(reply)
-
-
-def parse_pids(reply: Reply) -> t.List[int]:
-    """Parse a list of pids (one per line, or whitespace separated)."""
-    words = ' '.join(reply.lines).split()
-    if not all(word.isdigit() for word in words):
-        raise ControlCommandError('the MPS control daemon rejected %r: %s' % (reply.command, reply.text))
-    return [int(word) for word in words]

@@ -10,26 +10,42 @@ compares the wanted daemon with it, never guesses from processes.
 from __future__ import annotations
 
 import datetime
-import json
 import os
+import shutil
 import stat
 import typing as t
 from dataclasses import dataclass, field
 
-from ._daemon import LOCK_FILE, LOG_FILES, PID_FILE, PIPE_DIR_FILES, RESOURCE_LOCK, Daemon, DaemonState, daemon_dev_shm, inspect
-from ._errors import DeviceSelectionError, InvalidParameterError, MpsError
-from ._gpus import Gpu, Nvml, resolve_devices
-from ._io import atomic_write, ensure_dir, read_json, read_text, refuse_unsafe_dirs, remove, untraversable_parents
-from ._limits import read_persisted, read_replay, write_replay
-from ._root import ConfigPaths, ResourcePaths, managed_dirs, resource_paths, scan_resources
-from ._shm import check_unit_path, mounted_at, shm_persisted
-from ._systemd import (
-    PIDFILE_DROPIN, RESTART_ENV, SHM_DROPIN, Systemctl, instance_unit, parse_env, render_env, render_pidfile_dropin, render_shm_dropin,
-    render_unit, UNIT_DIR, UNIT_NAME,
+from .._errors import DeviceSelectionError, InvalidParameterError, MpsError
+from .._gpus import Gpu, Nvml, resolve_devices
+from .._outcome import Outcome
+from .._io import atomic_write, ensure_dir, read_text, refuse_unsafe_dirs, remove, untraversable_parents
+from .._proc import daemon_dev_shm
+from .._resource.layout import ConfigPaths, ResourcePaths, config_paths, container_view, managed_dirs, resource_paths, validate_log_mode
+from .._resource.lock import RESOURCE_LOCK
+from .._resource.record import StartRecord, read_record, write_record
+from .._resource.scan import gpu_claims, live_daemons
+from .._resource.store import read_persisted, read_replay, write_replay
+from .._shm import check_unit_path, mounted_at, shm_persisted
+from .._supervisor.process import LOCK_FILE, LOG_FILES, PID_FILE, PIPE_DIR_FILES, Daemon, DaemonState, inspect
+from .._supervisor.unit import (
+    PIDFILE_DROPIN,
+    RESTART_ENV,
+    SHM_DROPIN,
+    Systemctl,
+    instance_unit,
+    parse_env,
+    render_env,
+    render_pidfile_dropin,
+    render_shm_dropin,
+    render_unit,
+    UNIT_DIR,
+    UNIT_NAME,
+    systemd_is_pid1,
+    unit_environment,
 )
 
 COMPUTE_MODE_CHOICES = ('exclusive_process', 'default', 'unchanged')
-SMI_MODE = {'exclusive_process': 'EXCLUSIVE_PROCESS', 'default': 'DEFAULT'}
 
 
 @dataclass
@@ -53,22 +69,13 @@ class Wanted:
 
 
 @dataclass
-class Outcome:
-    """What the run did (or, in check mode, would do)."""
+class DaemonOutcome(Outcome):
+    """What the run did (or, in check mode, would do), and the daemon it leaves."""
 
-    changed: bool = False
-    actions: t.List[str] = field(default_factory=list)
-    warnings: t.List[str] = field(default_factory=list)
-    before: t.Dict[str, t.Any] = field(default_factory=dict)
-    after: t.Dict[str, t.Any] = field(default_factory=dict)
     pid: t.Optional[int] = None
     started_at: t.Optional[str] = None
     devices: t.List[t.Dict[str, t.Any]] = field(default_factory=list)
     forced: bool = False
-
-    def act(self, action: str) -> None:
-        self.changed = True
-        self.actions.append(action)
 
 
 def _now() -> str:
@@ -98,29 +105,16 @@ class ResourceManager:
         # What state=absent removed, or in check mode would have: a directory emptied by it counts as empty.
         self._would_remove: t.List[str] = []
         self._lock_existed = False
+        self._unit_stop_planned = False
 
     # --- reading -------------------------------------------------------------------------------
-    def record(self) -> t.Optional[t.Dict[str, t.Any]]:
-        data = read_json(self.paths.started_file)
-        return data if isinstance(data, dict) else None
+    def record(self) -> t.Optional[StartRecord]:
+        return read_record(self.paths)
 
     def owned_elsewhere(self) -> t.Dict[str, str]:
         """UUID -> resource, for GPUs of the other live daemons under the same root."""
-        owners = {}
-        for name in scan_resources(self.paths.root):
-            if name == self.paths.name:
-                continue
-            other = resource_paths(self.paths.root, name)
-            record = read_json(other.started_file)
-            if not isinstance(record, dict):
-                continue
-            state = inspect(other)
-            # A daemon whose evidence disagrees may still serve its GPUs: never reset or take them.
-            if not (state.running or state.conflict):
-                continue
-            for uuid in record.get('devices') or []:
-                owners[str(uuid)] = name
-        return owners
+        others = live_daemons(self.paths.root, exclude=self.paths.name)
+        return {uuid: names[0] for uuid, names in gpu_claims({name: record for name, (_, record) in others.items()}).items()}
 
     @property
     def dropin_path(self) -> str:
@@ -155,28 +149,18 @@ class ResourceManager:
                 'gpufleet.mps.mps_shm persist=systemd' % (self.paths.shm_dir, self.unit))
         return Wanted(devices, multiuser, self.supervisor, compute_mode, enabled, shm)
 
-    def describe(self, state: DaemonState, record: t.Optional[t.Dict[str, t.Any]]) -> t.Dict[str, t.Any]:
+    def describe(self, state: DaemonState, record: t.Optional[StartRecord]) -> t.Dict[str, t.Any]:
         """The before/after view used for diff."""
         view: t.Dict[str, t.Any] = {'state': state.label}
         if record:
-            view.update({key: record.get(key) for key in ('devices', 'multiuser', 'supervisor')})
-            view['shm'] = bool(record.get('shm', False))
+            view.update(record.daemon_view())
         return view
 
     # --- systemd files ---------------------------------------------------------------------------
     def _env_values(self, wanted: Wanted) -> t.Dict[str, str]:
-        values = dict(self.paths.client_env())
-        values.update({
-            'CUDA_VISIBLE_DEVICES': ','.join(gpu.uuid for gpu in wanted.devices),
-            'MPS_CONTROL': self.daemon.binary,
-            'MPS_DAEMON_ARGS': '-multiuser-server' if wanted.multiuser else '',
-            'MPS_COMPUTE_MODE': SMI_MODE.get(wanted.compute_mode, ''),
-            'MPS_NVIDIA_SMI': self.nvidia_smi or 'nvidia-smi',
-            'MPS_STOP_TIMEOUT': str(self.daemon.stop_timeout),
-            'MPS_LIMITS_FILE': self.config.limits_file,
-            'MPS_LOG_MODE': format(self.daemon.log_mode, '04o'),
-        })
-        return values
+        return unit_environment(self.paths, self.config, [gpu.uuid for gpu in wanted.devices], wanted.multiuser,
+                                wanted.compute_mode, self.daemon.binary, self.nvidia_smi, self.daemon.stop_timeout,
+                                self.daemon.log_mode)
 
     def _systemd_files(self, wanted: Wanted) -> t.Dict[str, t.Optional[str]]:
         """Path -> wanted content; None for a file that must not exist."""
@@ -191,20 +175,17 @@ class ResourceManager:
         """The files of the unit that differ from what is wanted (rewritten in place, no restart by themselves)."""
         return [path for path, content in self._systemd_files(wanted).items() if read_text(path) != content]
 
-    # --- actions -------------------------------------------------------------------------------
+    # --- actions: planned into the outcome, run by its apply() ------------------------------------
     def _set_compute_modes(self, devices: t.Sequence[Gpu], mode: str, out: Outcome) -> None:
         if mode == 'unchanged':
             return
         for gpu in devices:
             if gpu.compute_mode != mode:
-                out.act('set compute mode %s on GPU %d (%s)' % (mode.upper(), gpu.index, gpu.uuid))
-                if not self.check_mode:
-                    self.nvml.set_compute_mode(gpu, mode)
+                out.act('set compute mode %s on GPU %d (%s)' % (mode.upper(), gpu.index, gpu.uuid),
+                        lambda gpu=gpu: self.nvml.set_compute_mode(gpu, mode))
 
     def _prepare_dirs(self, out: Outcome) -> None:
-        if not self.check_mode:
-            ensure_dir(self.paths.pipe_dir, 0o755)
-            ensure_dir(self.paths.log_dir, self.daemon.log_mode)
+        out.step(lambda: (ensure_dir(self.paths.pipe_dir, 0o755), ensure_dir(self.paths.log_dir, self.daemon.log_mode)))
         blocked = untraversable_parents(self.paths.pipe_dir)
         if blocked:
             out.warnings.append('%s cannot be traversed by other users: MPS clients that do not run as root will fail to '
@@ -218,17 +199,16 @@ class ResourceManager:
             return
         wanted = self.daemon.log_mode
         if current != wanted:
-            out.act('chmod %s %s (was %s)' % (format(wanted, '04o'), self.paths.log_dir, format(current, '04o')))
-            if not self.check_mode:
-                os.chmod(self.paths.log_dir, wanted)
+            out.act('chmod %s %s (was %s)' % (format(wanted, '04o'), self.paths.log_dir, format(current, '04o')),
+                    lambda: os.chmod(self.paths.log_dir, wanted))
 
     def _write_record(self, wanted: Wanted, pid: t.Optional[int], out: Outcome) -> None:
-        record = wanted.record()
-        record.update({'pid': pid, 'started_at': _now(), 'compute_mode': wanted.compute_mode,
-                       'control_binary': self.daemon.binary})
-        if not self.check_mode:
-            atomic_write(self.paths.started_file, json.dumps(record, indent=2, sort_keys=True) + '\n', 0o644)
-        out.started_at = record['started_at']
+        """Record what the daemon (pid) was started with; called when that is known (planning or applying)."""
+        record = StartRecord(devices=[gpu.uuid for gpu in wanted.devices], multiuser=wanted.multiuser, supervisor=wanted.supervisor,
+                             shm=wanted.shm, pid=pid, started_at=_now(), compute_mode=wanted.compute_mode,
+                             control_binary=self.daemon.binary)
+        write_record(self.paths, record)
+        out.started_at = record.started_at
         out.pid = pid
 
     def _start(self, wanted: Wanted, out: Outcome, restart: bool) -> None:
@@ -237,21 +217,17 @@ class ResourceManager:
         replay = self._replay_for(wanted, out)
         if self.supervisor == 'systemd':
             self._install_unit(wanted, out)
-            out.act('%s %s' % ('restart' if restart else 'start', self.unit))
-            if self.check_mode or self.systemctl is None:
-                return
-            if restart:
-                self.systemctl.restart(self.unit)
-            else:
-                self.systemctl.start(self.unit)
-            self.daemon.wait_ready()
-            pid = inspect(self.paths).pid or self.systemctl.main_pid(self.unit)
+            out.act('%s %s' % ('restart' if restart else 'start', self.unit), lambda: self._start_unit(wanted, out, restart))
         else:
-            out.act('start the MPS control daemon')
-            if self.check_mode:
-                return
-            pid = self.daemon.start([gpu.uuid for gpu in wanted.devices], wanted.multiuser, replay)
-        self._write_record(wanted, pid, out)
+            out.act('start the MPS control daemon', lambda: self._write_record(
+                wanted, self.daemon.start([gpu.uuid for gpu in wanted.devices], wanted.multiuser, replay), out))
+
+    def _start_unit(self, wanted: Wanted, out: Outcome, restart: bool) -> None:
+        if self.systemctl is None:
+            return
+        (self.systemctl.restart if restart else self.systemctl.start)(self.unit)
+        self.daemon.wait_ready()
+        self._write_record(wanted, inspect(self.paths).pid or self.systemctl.main_pid(self.unit), out)
 
     def _replay_for(self, wanted: Wanted, out: Outcome) -> t.List[str]:
         """The persisted limits as commands for this daemon's device order (commands file rewritten to match)."""
@@ -259,10 +235,9 @@ class ResourceManager:
         uuids = [gpu.uuid for gpu in wanted.devices]
         if limits is None:
             return read_replay(self.config)
-        if not self.check_mode:
-            ensure_dir(self.config.config_dir, 0o755)
-        if write_replay(self.config, limits, uuids, self.check_mode):
-            out.act('write %s for the new device order' % self.config.limits_file)
+        if write_replay(self.config, limits, uuids, check_mode=True):
+            out.act('write %s for the new device order' % self.config.limits_file, lambda: (
+                ensure_dir(self.config.config_dir, 0o755), write_replay(self.config, limits, uuids, check_mode=False)))
         return limits.commands(uuids)
 
     def _install_unit(self, wanted: Wanted, out: Outcome) -> None:
@@ -272,66 +247,64 @@ class ResourceManager:
             if read_text(path) == content:
                 continue
             if content is None:
-                out.act('remove %s' % path)
-                if not self.check_mode:
-                    remove(path)
+                out.act('remove %s' % path, lambda path=path: remove(path))
             else:
-                out.act('write %s' % path)
-                if not self.check_mode:
-                    ensure_dir(os.path.dirname(path), 0o755)
-                    atomic_write(path, content, 0o644)
+                out.act('write %s' % path, lambda path=path, content=content: (
+                    ensure_dir(os.path.dirname(path), 0o755), atomic_write(path, content, 0o644)))
             reload_needed = reload_needed or path in (unit_path, self.dropin_path, self.pidfile_dropin_path)
         if reload_needed:
-            out.act('systemctl daemon-reload')
-            if not self.check_mode and self.systemctl:
-                self.systemctl.daemon_reload()
+            out.act('systemctl daemon-reload', self.systemctl.daemon_reload if self.systemctl else None)
         self._apply_enabled(wanted.enabled, out)
 
     def _apply_enabled(self, enabled: t.Optional[bool], out: Outcome) -> None:
         if enabled is None or self.systemctl is None:
             return
         if self.systemctl.is_enabled(self.unit) != enabled:
-            out.act('%s %s' % ('enable' if enabled else 'disable', self.unit))
-            if not self.check_mode:
-                (self.systemctl.enable if enabled else self.systemctl.disable)(self.unit)
+            systemctl = self.systemctl
+            out.act('%s %s' % ('enable' if enabled else 'disable', self.unit),
+                    lambda: (systemctl.enable if enabled else systemctl.disable)(self.unit))
 
-    def _stop_process(self, state: DaemonState, record: t.Optional[t.Dict[str, t.Any]], out: Outcome) -> None:
+    def _stop_process(self, state: DaemonState, record: t.Optional[StartRecord], out: Outcome) -> None:
         """Stop the running daemon through whoever supervises it."""
-        out.act('stop the MPS control daemon (pid %s)' % state.pid)
-        if self.check_mode:
-            return
-        if (record or {}).get('supervisor') == 'systemd' and self.systemctl is not None:
-            self.systemctl.stop(self.unit)
-        else:
-            out.forced = self.daemon.stop(state.pid)
-        # Whether a clean quit removes the pipe-dir files is undocumented; remove what is left so a
-        # stopped daemon never looks like a crashed one.
-        self.daemon.clean_stale()
+        by_systemd = record is not None and record.supervisor == 'systemd' and self.systemctl is not None
+        self._unit_stop_planned = self._unit_stop_planned or by_systemd
 
-    def _stop(self, state: DaemonState, record: t.Optional[t.Dict[str, t.Any]], out: Outcome) -> None:
+        def stop() -> None:
+            if by_systemd:
+                self.systemctl.stop(self.unit)  # type: ignore[union-attr]
+            else:
+                out.forced = self.daemon.stop(state.pid)
+            # Whether a clean quit removes the pipe-dir files is undocumented; remove what is left so a
+            # stopped daemon never looks like a crashed one.
+            self.daemon.clean_stale()
+
+        out.act('stop the MPS control daemon (pid %s)' % state.pid, stop)
+        # What the stop removes, later steps (state=absent) must not list a second time.
+        self._would_remove += [os.path.join(self.paths.pipe_dir, name) for name in PIPE_DIR_FILES]
+
+    def _stop(self, state: DaemonState, record: t.Optional[StartRecord], out: Outcome) -> None:
         """Stop a running daemon, reset the compute mode of GPUs nobody else uses, drop the record."""
         self._stop_process(state, record, out)
         self._release(record, out)
 
-    def _release_dropped(self, wanted: Wanted, record: t.Optional[t.Dict[str, t.Any]], out: Outcome) -> None:
+    def _release_dropped(self, wanted: Wanted, record: t.Optional[StartRecord], out: Outcome) -> None:
         """After a restart on fewer GPUs, give the dropped ones back to non-MPS users."""
-        if not record or record.get('compute_mode', 'exclusive_process') == 'unchanged':
+        if not record or record.compute_mode == 'unchanged':
             return
-        dropped = set(record.get('devices') or []) - {gpu.uuid for gpu in wanted.devices}
+        dropped = set(record.devices) - {gpu.uuid for gpu in wanted.devices}
         still_used = set(self.owned_elsewhere())
         self._set_compute_modes([gpu for gpu in self.nvml.gpus() if gpu.uuid in dropped and gpu.uuid not in still_used],
                                 'default', out)
 
-    def _release(self, record: t.Optional[t.Dict[str, t.Any]], out: Outcome) -> None:
-        if self.reset_on_stop and record and record.get('compute_mode', 'exclusive_process') != 'unchanged':
-            uuids = set(record.get('devices') or [])
+    def _release(self, record: t.Optional[StartRecord], out: Outcome) -> None:
+        if self.reset_on_stop and record and record.compute_mode != 'unchanged':
+            uuids = set(record.devices)
             still_used = set(self.owned_elsewhere())
             gpus = [gpu for gpu in self.nvml.gpus() if gpu.uuid in uuids and gpu.uuid not in still_used]
             self._set_compute_modes(gpus, 'default', out)
-        if os.path.exists(self.paths.started_file):
-            out.act('remove %s' % self.paths.started_file)
-            if not self.check_mode:
-                remove(self.paths.started_file)
+        if os.path.exists(self.paths.started_file) and self.paths.started_file not in self._would_remove:
+            out.act('remove %s' % self.paths.started_file, lambda: remove(self.paths.started_file))
+            self._would_remove.append(self.paths.started_file)
 
     # --- entry points ----------------------------------------------------------------------------
     def ensure(self, state: str, selectors: t.Any, multiuser: bool, compute_mode: str, enabled: bool, shm: bool = False,
@@ -350,9 +323,13 @@ class ResourceManager:
         self.enabled = enabled
         lock_path = os.path.join(self.paths.resource_dir, RESOURCE_LOCK)
         self._lock_existed = os.path.exists(lock_path)
-        if self.check_mode or (state == 'absent' and not os.path.isdir(self.paths.resource_dir)):
+        if self.check_mode:
+            return self._ensure(state, wanted)  # the plan, and nothing else
+        if state == 'absent' and not os.path.isdir(self.paths.resource_dir):
             # Nothing under the root to serialise, and absent must not create the directories it removes.
-            return self._ensure(state, wanted)
+            out = self._ensure(state, wanted)
+            out.apply()
+            return out
         with self.daemon.lock():
             # What was read before the lock may be stale: a concurrent run on this resource may just have
             # set the compute modes. Read the GPUs again under the lock, so only one run reports the change.
@@ -360,10 +337,13 @@ class ResourceManager:
             if wanted is not None:
                 by_uuid = {gpu.uuid: gpu for gpu in self.nvml.gpus()}
                 wanted.devices = [by_uuid.get(gpu.uuid, gpu) for gpu in wanted.devices]
-            return self._ensure(state, wanted)
+            out = self._ensure(state, wanted)
+            out.apply()
+            return out
 
-    def _ensure(self, state: str, wanted: t.Optional[Wanted]) -> Outcome:
-        out = Outcome()
+    def _ensure(self, state: str, wanted: t.Optional[Wanted]) -> 'DaemonOutcome':
+        """Read the state and plan every action; nothing is changed here."""
+        out = DaemonOutcome()
         out.warnings.extend(self.pending_warnings)
         current = inspect(self.paths)
         if current.conflict:
@@ -411,8 +391,9 @@ class ResourceManager:
                 removed_unit_files = True
         if self._lock_existed:
             self._remove(lock, out)
-        elif os.path.lexists(lock) and not self.check_mode:
-            remove(lock)  # this run's own lock, taken on a directory that was there: no change of the host
+        elif os.path.lexists(lock):
+            out.step(lambda: remove(lock))  # this run's own lock, on a directory that was there: no change of the host
+            self._would_remove.append(lock)
         parents = [self.paths.resource_dir]
         if os.path.dirname(self.paths.resource_dir) != self.paths.root:
             parents.append(os.path.dirname(self.paths.resource_dir))
@@ -421,9 +402,7 @@ class ResourceManager:
         if os.path.exists(unit_path) and not self._other_instances():
             removed_unit_files = self._remove(unit_path, out) or removed_unit_files
         if removed_unit_files and self.systemctl is not None:
-            out.act('systemctl daemon-reload')
-            if not self.check_mode:
-                self.systemctl.daemon_reload()
+            out.act('systemctl daemon-reload', self.systemctl.daemon_reload)
 
     def _other_instances(self) -> bool:
         """Another resource of this config directory still has an environment file: the template unit stays."""
@@ -434,24 +413,20 @@ class ResourceManager:
         return any(name.endswith('.env') and os.path.join(self.config.config_dir, name) != self.config.env_file for name in names)
 
     def _remove(self, path: str, out: Outcome) -> bool:
-        """Remove a file, or a directory when it is empty (counting what check mode would have removed)."""
+        """Plan the removal of a file, or of a directory that is empty once what is planned before is removed."""
         if path in self._would_remove or not os.path.lexists(path):
             return False
         if os.path.isdir(path) and not os.path.islink(path):
-            gone = set(self._would_remove) if self.check_mode else set()
+            gone = set(self._would_remove)
             if any(os.path.join(path, name) not in gone for name in os.listdir(path)):
                 return False
-            out.act('remove directory %s' % path)
-            if not self.check_mode:
-                os.rmdir(path)
+            out.act('remove directory %s' % path, lambda: os.rmdir(path))
         else:
-            out.act('remove %s' % path)
-            if not self.check_mode:
-                remove(path)
+            out.act('remove %s' % path, lambda: remove(path))
         self._would_remove.append(path)
         return True
 
-    def _ensure_stopped(self, current: DaemonState, record: t.Optional[t.Dict[str, t.Any]], out: Outcome) -> None:
+    def _ensure_stopped(self, current: DaemonState, record: t.Optional[StartRecord], out: Outcome) -> None:
         if current.running:
             self._stop(current, record, out)
         elif current.stale:
@@ -459,24 +434,18 @@ class ResourceManager:
                 self.paths.name, ', '.join(current.leftovers)))
             self._clean_stale(out)
             self._release(record, out)
-        if self.check_mode and (current.running or current.stale):
-            # What the stop or the cleanup removes, state=absent must not list a second time.
-            self._would_remove += [os.path.join(self.paths.pipe_dir, name) for name in PIPE_DIR_FILES] + [self.paths.started_file]
         if self.supervisor == 'systemd' and self.systemctl is not None:
-            if self.systemctl.is_active(self.unit):
-                out.act('stop %s' % self.unit)
-                if not self.check_mode:
-                    self.systemctl.stop(self.unit)
+            if not self._unit_stop_planned and self.systemctl.is_active(self.unit):
+                out.act('stop %s' % self.unit, lambda: self.systemctl.stop(self.unit))  # type: ignore[union-attr]
             if not self.enabled:
                 # Stopping never enables a unit; it disables one when asked to.
                 self._apply_enabled(False, out)
 
     def _clean_stale(self, out: Outcome) -> None:
-        out.act('remove stale files of a dead daemon')
-        if not self.check_mode:
-            self.daemon.clean_stale()
+        out.act('remove stale files of a dead daemon', self.daemon.clean_stale)
+        self._would_remove += [os.path.join(self.paths.pipe_dir, name) for name in PIPE_DIR_FILES]
 
-    def _ensure_running(self, state: str, wanted: Wanted, current: DaemonState, record: t.Optional[t.Dict[str, t.Any]],
+    def _ensure_running(self, state: str, wanted: Wanted, current: DaemonState, record: t.Optional[StartRecord],
                         out: Outcome) -> None:
         out.devices = [gpu.summary() for gpu in wanted.devices]
         self._repair_log_mode(out)
@@ -493,19 +462,20 @@ class ResourceManager:
             self._set_compute_modes(wanted.devices, wanted.compute_mode, out)
             if self.supervisor == 'systemd':
                 self._install_unit(wanted, out)
-            if record is None or (self.supervisor == 'systemd' and record.get('pid') != current.pid):
+            if record is None or (self.supervisor == 'systemd' and record.pid != current.pid):
                 # systemd brought the daemon back from the environment file this module wrote, as asked
                 # for: at boot /run lost the record, after a crash the record names the dead process.
                 # Record the running daemon; no restart.
-                self._write_record(wanted, current.pid, out)
-                out.act('write %s for the daemon systemd started' % self.paths.started_file)
+                out.act('write %s for the daemon systemd started' % self.paths.started_file,
+                        lambda: self._write_record(wanted, current.pid, out))
+                out.pid = current.pid
                 return
             out.pid = current.pid
-            out.started_at = record.get('started_at')
+            out.started_at = record.started_at
             return
         if current.running:
             out.act('restart: %s' % ('; '.join(differences) if differences else 'state=restarted'))
-            handover = record is not None and record.get('supervisor', wanted.supervisor) != wanted.supervisor
+            handover = record is not None and (record.supervisor or wanted.supervisor) != wanted.supervisor
             if wanted.supervisor == 'systemd' and not handover:
                 self._start(wanted, out, restart=True)
             else:
@@ -546,7 +516,7 @@ class ResourceManager:
             return ['shm: the daemon uses %s as its /dev/shm' % self.paths.shm_dir]
         return []
 
-    def _differences(self, wanted: Wanted, current: DaemonState, record: t.Optional[t.Dict[str, t.Any]]) -> t.List[str]:
+    def _differences(self, wanted: Wanted, current: DaemonState, record: t.Optional[StartRecord]) -> t.List[str]:
         if not current.running:
             return []
         if record is None:
@@ -555,15 +525,16 @@ class ResourceManager:
             return ['no %s record for the running daemon' % os.path.basename(self.paths.started_file)]
         found = []
         want = wanted.record()
+        have = record.daemon_view()
         for key in ('devices', 'multiuser', 'supervisor'):
-            if record.get(key) != want[key]:
-                found.append('%s: %s -> %s' % (key, record.get(key), want[key]))
-        if bool(record.get('shm', False)) != wanted.shm:
-            found.append('shm: %s -> %s' % (bool(record.get('shm', False)), wanted.shm))
+            if have[key] != want[key]:
+                found.append('%s: %s -> %s' % (key, have[key], want[key]))
+        if record.shm != wanted.shm:
+            found.append('shm: %s -> %s' % (record.shm, wanted.shm))
         else:
             found += self._shm_difference(wanted, current)
-        if wanted.supervisor == 'none' and record.get('pid') not in (None, current.pid):
-            found.append('pid: the record names pid %s but pid %s runs' % (record.get('pid'), current.pid))
+        if wanted.supervisor == 'none' and record.pid not in (None, current.pid):
+            found.append('pid: the record names pid %s but pid %s runs' % (record.pid, current.pid))
         if wanted.supervisor == 'systemd':
             changed = self._env_restart_keys(wanted)
             if changed:
@@ -571,16 +542,49 @@ class ResourceManager:
         return found
 
 
-def require_binary(path: t.Optional[str], param: str = 'control_binary') -> str:
-    """An executable file, or a clear error naming ``param``."""
-    if not path:
-        raise InvalidParameterError(param, 'nvidia-cuda-mps-control was not found on PATH; install the NVIDIA driver '
-                                    'utilities or give its absolute path')
-    if not os.path.isabs(path):
-        raise InvalidParameterError(param, '%r must be an absolute path' % path)
-    if not os.path.isfile(path):
-        raise InvalidParameterError(param, '%s does not exist' % path)
-    # os.access() says "executable" to root for any file with one x bit; demand the owner's.
-    if not os.stat(path).st_mode & stat.S_IXUSR or not os.access(path, os.X_OK):
-        raise InvalidParameterError(param, '%s is not executable' % path)
-    return path
+
+
+@dataclass
+class DaemonSetup:
+    """Everything a run of mps_daemon needs before NVML is opened, validated from the module's options."""
+
+    paths: ResourcePaths
+    config: ConfigPaths
+    container: t.Dict[str, t.Any]
+    daemon: Daemon
+    supervisor: str
+    systemctl: t.Optional[Systemctl]
+    nvidia_smi: t.Optional[str]
+
+    @classmethod
+    def from_params(cls, params: t.Mapping[str, t.Any], binary: t.Callable[[t.Optional[str]], str]) -> 'DaemonSetup':
+        """Refuse bad input, naming the option, before anything is touched; pick the supervisor."""
+        for timeout in ('start_timeout', 'stop_timeout'):
+            if params[timeout] < 0 or (timeout == 'start_timeout' and params[timeout] == 0):
+                raise InvalidParameterError(timeout, 'must be a positive number of seconds, got %d' % params[timeout])
+        devices = params['devices']
+        if not (devices == 'all' or isinstance(devices, list)):
+            raise InvalidParameterError('devices', 'must be "all" or a list of GPU indices, UUIDs or unique UUID prefixes')
+        log_mode = validate_log_mode(params['log_mode'])
+        paths = resource_paths(params['root'], params['name'])
+        container = container_view(paths, params['container_root'], params['shm'])
+        config = config_paths(params['config_dir'], params['name'])
+        control = binary(params['control_binary'])
+        supervisor = params['supervisor']
+        if supervisor == 'auto':
+            supervisor = 'systemd' if systemd_is_pid1() else 'none'
+        systemctl = None
+        nvidia_smi = None
+        if supervisor == 'systemd':
+            systemctl_path = shutil.which('systemctl')
+            if not systemctl_path:
+                raise InvalidParameterError('supervisor', 'systemd was asked for but systemctl is not installed')
+            systemctl = Systemctl(systemctl_path)
+            nvidia_smi = shutil.which('nvidia-smi') or '/usr/bin/nvidia-smi'
+        daemon = Daemon(paths, control, start_timeout=params['start_timeout'], stop_timeout=params['stop_timeout'],
+                        log_mode=log_mode, shm_dir=paths.shm_dir if params['shm'] else None)
+        return cls(paths, config, container, daemon, supervisor, systemctl, nvidia_smi)
+
+    def manager(self, nvml: Nvml, check_mode: bool) -> ResourceManager:
+        return ResourceManager(self.paths, self.config, self.daemon, nvml, self.supervisor, check_mode,
+                               systemctl=self.systemctl, nvidia_smi=self.nvidia_smi)

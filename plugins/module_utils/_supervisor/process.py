@@ -15,21 +15,30 @@ belongs to an unrelated process that reused the pid: stale, and never signalled.
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import time
 import typing as t
 from dataclasses import dataclass, field
 
-from ._control import ControlClient, Reply, SENTINEL, check_applied, parse_percentage
-from ._errors import (
-    ControlBinaryError, ControlCommandError, DaemonNotRunningError, DaemonTimeoutError, InvalidParameterError, MpsError, ReplayRejectedError,
+from .._protocol.framing import ControlClient, Reply, SENTINEL
+from .._protocol.commands import check_applied, parse_percentage
+from .._errors import (
+    ControlBinaryError,
+    ControlCommandError,
+    DaemonNotRunningError,
+    DaemonTimeoutError,
+    InvalidParameterError,
+    MpsError,
+    ReplayRejectedError,
 )
-from ._io import ensure_dir
-from ._root import DEFAULT_LOG_MODE, ResourcePaths
+from .._io import ensure_dir
+from .._resource.lock import ResourceLock, resource_lock
+from .._proc import daemon_dev_shm, environ_of, has_open, is_zombie, lock_holders, looks_like_daemon, pid_alive
+from .._resource.layout import DEFAULT_LOG_MODE, ResourcePaths
 
 PID_FILE = 'nvidia-cuda-mps-control.pid'
 LOCK_FILE = 'control_lock'
@@ -38,51 +47,12 @@ ALREADY_RUNNING_TEXT = 'An instance of this daemon is already running'
 PIPE_DIR_FILES = ('control', 'control_privileged', 'log', PID_FILE)
 # What the daemon writes in its log directory.
 LOG_FILES = ('control.log', 'server.log')
-# The per-resource lock every writer of the resource takes, in <root>/<name>/.
-RESOURCE_LOCK = '.lock'
 
 # Passed through to the daemon from the module's environment: where the driver's libraries are.
 PASSTHROUGH_ENV = ('PATH', 'LD_LIBRARY_PATH')
 # The pipe directory of a daemon started without CUDA_MPS_PIPE_DIRECTORY.
 DEFAULT_PIPE_DIR = '/tmp/nvidia-mps'
 DEFAULT_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def lock_holders(path: str, proc_locks: str = '/proc/locks') -> t.Optional[t.List[int]]:
-    """Pids holding a lock on ``path`` per ``/proc/locks``; [] for none; None when unknowable."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return []
-    except OSError:
-        return None
-    wanted = '%02x:%02x:%d' % (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
-    try:
-        with open(proc_locks, encoding='ascii', errors='replace') as handle:
-            lines = handle.read().splitlines()
-    except OSError:
-        return None
-    holders = []
-    for line in lines:
-        fields = line.split()
-        if '->' in fields or len(fields) < 6:
-            continue  # a waiter, not a holder
-        if fields[5] == wanted:
-            try:
-                holders.append(int(fields[4]))
-            except ValueError:
-                holders.append(-1)
-    return holders
 
 
 def socket_answers(path: str, timeout: float = 2.0) -> t.Optional[bool]:
@@ -153,9 +123,9 @@ def inspect(paths: ResourcePaths) -> DaemonState:
     if os.path.exists(paths.started_file):
         leftovers.append(os.path.basename(paths.started_file))
     answers = socket_answers(paths.control_socket) if os.path.lexists(paths.control_socket) else False
-    holders = [pid for pid in lock_holders(os.path.join(paths.pipe_dir, LOCK_FILE)) or [] if pid > 0 and _pid_alive(pid)]
+    holders = [pid for pid in lock_holders(os.path.join(paths.pipe_dir, LOCK_FILE)) or [] if pid > 0 and pid_alive(pid)]
     pid: t.Optional[int] = None
-    if pid_file_pid is not None and _pid_alive(pid_file_pid) and (
+    if pid_file_pid is not None and pid_alive(pid_file_pid) and (
             pid_file_pid in holders or _is_daemon_of(pid_file_pid, paths.pipe_dir)):
         pid = pid_file_pid
     elif holders:
@@ -164,7 +134,7 @@ def inspect(paths: ResourcePaths) -> DaemonState:
         # This process may not connect (permissions): the lock and the pid file are all there is.
         return DaemonState(pid is not None, pid, pid_file_pid, leftovers)
     if answers:
-        if pid is None and pid_file_pid is not None and _pid_alive(pid_file_pid):
+        if pid is None and pid_file_pid is not None and pid_alive(pid_file_pid):
             pid = pid_file_pid  # the answering daemon wrote it at its start: its pid cannot have been reused since
         return DaemonState(True, pid, pid_file_pid, leftovers)
     if pid is not None:
@@ -189,85 +159,12 @@ def _is_daemon_of(pid: int, pipe_dir: str) -> bool:
     A daemon by its name (comm, truncated to 15 characters) or because it has ``control_lock`` open; and,
     where its environment is readable, one whose pipe directory is ``pipe_dir``.
     """
-    if not (_looks_like_daemon(pid) or _has_open(pid, os.path.join(pipe_dir, LOCK_FILE))):
+    if not (looks_like_daemon(pid) or has_open(pid, os.path.join(pipe_dir, LOCK_FILE))):
         return False
     env = environ_of(pid)
     if env is None:
         return True  # another user's process: its name is all this process can see
     return os.path.normpath(env.get('CUDA_MPS_PIPE_DIRECTORY') or DEFAULT_PIPE_DIR) == os.path.normpath(pipe_dir)
-
-
-def _has_open(pid: int, path: str) -> bool:
-    real = os.path.realpath(path)
-    try:
-        fds = os.listdir('/proc/%d/fd' % pid)
-    except OSError:
-        return False
-    for fd in fds:
-        try:
-            if os.readlink('/proc/%d/fd/%s' % (pid, fd)) == real:
-                return True
-        except OSError:
-            continue
-    return False
-
-
-def environ_of(pid: int) -> t.Optional[t.Dict[str, str]]:
-    """The environment a process was started with, None when unreadable."""
-    try:
-        with open('/proc/%d/environ' % pid, 'rb') as handle:
-            entries = handle.read().split(b'\0')
-    except OSError:
-        return None
-    env = {}
-    for entry in entries:
-        name, sep, value = entry.partition(b'=')
-        if sep:
-            env[name.decode('utf-8', 'replace')] = value.decode('utf-8', 'replace')
-    return env
-
-
-def _looks_like_daemon(pid: int) -> bool:
-    """The process is named like the control daemon (comm is truncated to 15 characters)."""
-    try:
-        with open('/proc/%d/comm' % pid, encoding='utf-8', errors='replace') as handle:
-            comm = handle.read().strip()
-    except OSError:
-        return False
-    return comm == 'nvidia-cuda-mps-control'[:15]
-
-
-def child_pids(pid: int) -> t.List[int]:
-    """Pids of the children of ``pid``: for a control daemon, its MPS servers.
-
-    Lets one UI session ask about every server (``get_server_list`` in the same batch says which of
-    them really are servers) instead of a first session for the list and a second for the details.
-    """
-    children: t.Set[int] = set()
-    try:
-        tasks = os.listdir('/proc/%d/task' % pid)
-    except OSError:
-        return []
-    found_children_files = False
-    for tid in tasks:
-        try:
-            with open('/proc/%d/task/%s/children' % (pid, tid), encoding='ascii') as handle:
-                children.update(int(word) for word in handle.read().split())
-            found_children_files = True
-        except (OSError, ValueError):
-            continue
-    if not found_children_files:
-        # Kernels without CONFIG_PROC_CHILDREN: scan every process's parent.
-        for entry in os.listdir('/proc'):
-            if not entry.isdigit():
-                continue
-            try:
-                with open('/proc/%s/stat' % entry, encoding='ascii', errors='replace') as handle:
-                    if int(handle.read().rsplit(')', 1)[1].split()[1]) == pid:
-                        children.add(int(entry))
-            except (OSError, IndexError, ValueError):
-                continue
-    return sorted(children)
 
 
 def daemon_env(paths: ResourcePaths, uuids: t.Sequence[str], environ: t.Optional[t.Mapping[str, str]] = None) -> t.Dict[str, str]:
@@ -282,25 +179,6 @@ def daemon_env(paths: ResourcePaths, uuids: t.Sequence[str], environ: t.Optional
     env.update(paths.client_env())
     env['CUDA_VISIBLE_DEVICES'] = ','.join(uuids)
     return env
-
-
-def same_directory(first: str, second: str) -> t.Optional[bool]:
-    """Whether two paths are the same directory (device and inode), None when either cannot be read."""
-    try:
-        a, b = os.stat(first), os.stat(second)
-    except OSError:
-        return None
-    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
-
-
-def daemon_dev_shm(pid: int, shm_dir: str) -> t.Optional[str]:
-    """Which ``/dev/shm`` the process sees through its own mount namespace: ``shm_dir``, the host's, or None."""
-    theirs = '/proc/%d/root/dev/shm' % pid
-    if same_directory(theirs, shm_dir):
-        return shm_dir
-    if same_directory(theirs, '/dev/shm'):
-        return '/dev/shm'
-    return None
 
 
 class Daemon:
@@ -479,7 +357,7 @@ class Daemon:
     def _still_there(self, pid: t.Optional[int]) -> bool:
         """The daemon has not exited yet: its process lives on, or (pid unknown) its socket still answers."""
         if pid is not None:
-            return _pid_alive(pid) and _is_zombie(pid) is False
+            return pid_alive(pid) and is_zombie(pid) is False
         return socket_answers(self.paths.control_socket) is True
 
     def clean_stale(self) -> t.List[str]:
@@ -493,34 +371,16 @@ class Daemon:
         return removed
 
 
-def _is_zombie(pid: int) -> bool:
-    try:
-        with open('/proc/%d/stat' % pid, encoding='ascii', errors='replace') as handle:
-            return handle.read().rsplit(')', 1)[1].split()[0] == 'Z'
-    except (OSError, IndexError):
-        return False
-
-
-def resource_lock(paths: ResourcePaths) -> 'ResourceLock':
-    """The lock of one resource (``<root>/<name>/.lock``): every writer of the resource takes it, daemon running or not."""
-    return ResourceLock(os.path.join(paths.resource_dir, RESOURCE_LOCK))
-
-
-class ResourceLock:
-    """An exclusive lock per resource, so concurrent runs on one host never double-start a daemon."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._fd: t.Optional[int] = None
-
-    def __enter__(self) -> 'ResourceLock':
-        ensure_dir(os.path.dirname(self.path), 0o755)
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc_info: t.Any) -> None:
-        if self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
+def require_binary(path: t.Optional[str], param: str = 'control_binary') -> str:
+    """An executable file, or a clear error naming ``param``."""
+    if not path:
+        raise InvalidParameterError(param, 'nvidia-cuda-mps-control was not found on PATH; install the NVIDIA driver '
+                                    'utilities or give its absolute path')
+    if not os.path.isabs(path):
+        raise InvalidParameterError(param, '%r must be an absolute path' % path)
+    if not os.path.isfile(path):
+        raise InvalidParameterError(param, '%s does not exist' % path)
+    # os.access() says "executable" to root for any file with one x bit; demand the owner's.
+    if not os.stat(path).st_mode & stat.S_IXUSR or not os.access(path, os.X_OK):
+        raise InvalidParameterError(param, '%s is not executable' % path)
+    return path

@@ -1,19 +1,9 @@
 # Copyright: gpufleet.mps contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""MPS limits: the value model, sizes, replicas, comparison with the daemon's read-back, persistence.
+"""MPS limits as values: sizes, percentages, replicas, and comparison with the daemon's lossy read-back.
 
-MPS forgets ``set_default_*`` on every restart and changes only servers started afterwards. The
-wanted limits of a resource are therefore persisted under the config directory, and replayed right
-after every start: by mps_daemon for the daemons it supervises, by the systemd unit for the others.
-
-Two files per resource (``<instance>`` is the systemd-escaped resource name):
-
-``<instance>.limits.json``
-    The truth: what was asked for, device memory keyed by GPU UUID (or ``*`` for every GPU of the
-    daemon), so it stays right whatever order the daemon's devices have.
-``<instance>.limits``
-    The same as control commands for the daemon's current device order, one per line, fed to the
-    control UI by the systemd unit after every start. Derived; rewritten whenever either changes.
+MPS forgets ``set_default_*`` on every restart and changes only servers started afterwards, so the wanted
+limits of a resource are persisted (``_resource/store.py``) and replayed right after every start.
 """
 
 from __future__ import annotations
@@ -24,14 +14,11 @@ import re
 import typing as t
 from dataclasses import dataclass, field
 
-from ._control import command
-from ._errors import InvalidParameterError, MpsError
-from ._io import atomic_write, read_json, read_text, remove
-from ._root import ConfigPaths
+from .._errors import InvalidParameterError
+from .._protocol.commands import command
 
 FORMAT_VERSION = 1
 EVERY_GPU = '*'
-REPLAYABLE = ('set_default_active_thread_percentage', 'set_default_device_pinned_mem_limit')
 SIZE_FORM = 'a size such as 20G, 20480M, 20GiB or 1.5G (M and MiB are 2^20 bytes, G and GiB 2^30)'
 _SIZE = re.compile(r'(?P<number>\d+(?:\.\d+)?)(?P<unit>[MG])(?:i?B)?', re.IGNORECASE)
 _READBACK = re.compile(r'(?P<number>\d+)(?P<unit>[MG])')
@@ -156,67 +143,20 @@ class Limits:
         return cmds
 
 
-def read_persisted(config: ConfigPaths) -> t.Optional[Limits]:
-    """The persisted wanted limits, or None when there are none (or the file is unreadable)."""
-    return Limits.from_data(read_json(config.limits_json))
 
 
-def replay_text(limits: t.Optional[Limits], device_uuids: t.Sequence[str]) -> str:
-    cmds = limits.commands(device_uuids) if limits else []
-    return ''.join(cmd + '\n' for cmd in cmds)
+def check_replicas(replicas: t.Any, gpus: t.Sequence[t.Any], param: str = 'replicas',
+                   caps: t.Optional[t.Mapping[str, int]] = None) -> int:
+    """A replica count every one of ``gpus`` can serve (one MPS client per replica), or a refusal naming ``param``.
 
-
-def write_replay(config: ConfigPaths, limits: t.Optional[Limits], device_uuids: t.Sequence[str], check_mode: bool) -> bool:
-    """(Re)write the commands file for ``device_uuids``; remove it when there is nothing to replay."""
-    text = replay_text(limits, device_uuids)
-    if not text:
-        if read_text(config.limits_file) is None:
-            return False
-        if not check_mode:
-            remove(config.limits_file)
-        return True
-    if read_text(config.limits_file) == text:
-        return False
-    if not check_mode:
-        atomic_write(config.limits_file, text, 0o644)
-    return True
-
-
-def persist(config: ConfigPaths, limits: Limits, check_mode: bool) -> bool:
-    """Write the wanted limits (JSON); True when the file changed (or would)."""
-    text = limits.to_json()
-    if read_text(config.limits_json) == text:
-        return False
-    if not check_mode:
-        atomic_write(config.limits_json, text, 0o644)
-    return True
-
-
-def read_replay(config: ConfigPaths) -> t.List[str]:
-    """The commands file, validated again: a tampered file cannot inject other commands."""
-    text = read_text(config.limits_file)
-    if not text:
-        return []
-    commands = []
-    for number, line in enumerate(text.splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith('#'):
-            continue
-        words = line.split()
-        if words[0] not in REPLAYABLE:
-            raise MpsError('%s line %d: %r is not a limit command; refusing to replay it' % (config.limits_file, number, line))
-        commands.append(command(*words))
-    return commands
-
-
-def uuids_from_environ(pid: int) -> t.Optional[t.List[str]]:
-    """``CUDA_VISIBLE_DEVICES`` of a running daemon not started by this collection (None when unreadable)."""
-    try:
-        with open('/proc/%d/environ' % pid, 'rb') as handle:
-            entries = handle.read().split(b'\0')
-    except OSError:
-        return None
-    for entry in entries:
-        if entry.startswith(b'CUDA_VISIBLE_DEVICES='):
-            return [item.strip() for item in entry.split(b'=', 1)[1].decode('utf-8', 'replace').split(',') if item.strip()]
-    return None
+    ``caps`` (GPU UUID -> clients) overrides a GPU's own ``max_mps_clients`` (the role takes mps_info's).
+    The one check of replicas, for mps_limits and the role's preflight alike.
+    """
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+        raise InvalidParameterError(param, 'must be an integer of at least 1, got %r' % (replicas,))
+    for gpu in gpus:
+        cap = (caps or {}).get(gpu.uuid, gpu.max_mps_clients)
+        if replicas > cap:
+            raise InvalidParameterError(param, '%d exceeds the %d MPS clients of GPU %d (%s, compute capability %d.%d)' % (
+                replicas, cap, gpu.index, gpu.name, gpu.compute_capability[0], gpu.compute_capability[1]))
+    return replicas

@@ -20,7 +20,7 @@ import string
 import typing as t
 from dataclasses import dataclass
 
-from ._errors import InvalidParameterError
+from .._errors import InvalidParameterError
 
 DEFAULT_ROOT = '/run/nvidia/mps'
 DEFAULT_CONFIG_DIR = '/etc/gpufleet-mps'
@@ -183,45 +183,6 @@ def systemd_instance(name: str) -> str:
     return ''.join(out)
 
 
-def resource_name(instance: str) -> t.Optional[str]:
-    """The resource name a systemd instance name was escaped from (:func:`systemd_instance` undone); None if it is none."""
-    out = bytearray()
-    pos = 0
-    while pos < len(instance):
-        char = instance[pos]
-        if char == '-':
-            out += b'/'
-        elif char == '\\' and re.fullmatch(r'\\x[0-9a-f]{2}', instance[pos:pos + 4]):
-            out.append(int(instance[pos + 2:pos + 4], 16))
-            pos += 3
-        else:
-            out += char.encode('utf-8')
-        pos += 1
-    name = out.decode('utf-8', 'replace')
-    return name if _is_valid(name) and systemd_instance(name) == instance else None
-
-
-# The per-resource files in the config directory, by suffix (the instance name before it).
-CONFIG_SUFFIXES = ('.env', '.limits.json', '.limits')
-
-
-def scan_config(config_dir: str) -> t.List[str]:
-    """Names of the resources that have files of this collection in ``config_dir``."""
-    try:
-        entries = os.listdir(config_dir)
-    except OSError:
-        return []
-    names = set()
-    for entry in entries:
-        for suffix in CONFIG_SUFFIXES:
-            if entry.endswith(suffix):
-                name = resource_name(entry[:-len(suffix)])
-                if name:
-                    names.add(name)
-                break
-    return sorted(names)
-
-
 @dataclass(frozen=True)
 class ConfigPaths:
     """Per-resource files under the persistent config directory (they survive reboots, /run does not)."""
@@ -247,36 +208,7 @@ def config_paths(config_dir: object, name: str, param: str = 'config_dir') -> Co
     )
 
 
-def scan_resources(root: str) -> t.List[str]:
-    """Names of the resources under ``root`` that have a pipe directory or a ``.started`` record."""
-    names = []
-    try:
-        first = sorted(os.listdir(root))
-    except OSError:
-        return names
-    for top in first:
-        top_dir = os.path.join(root, top)
-        if top.startswith('.') or top == SHM_DIR or os.path.islink(top_dir) or not os.path.isdir(top_dir):
-            continue
-        if _is_resource_dir(top_dir):
-            names.append(top)
-            continue
-        try:
-            second = sorted(os.listdir(top_dir))
-        except OSError:
-            continue
-        for sub in second:
-            sub_dir = os.path.join(top_dir, sub)
-            if not os.path.islink(sub_dir) and _is_resource_dir(sub_dir):
-                names.append('%s/%s' % (top, sub))
-    return [name for name in names if _is_valid(name)]
-
-
-def _is_resource_dir(path: str) -> bool:
-    return os.path.isdir(os.path.join(path, 'pipe')) or os.path.exists(os.path.join(path, '.started'))
-
-
-def _is_valid(name: str) -> bool:
+def is_valid_name(name: str) -> bool:
     try:
         validate_name(name)
     except InvalidParameterError:

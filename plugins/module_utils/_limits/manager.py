@@ -13,17 +13,31 @@ from __future__ import annotations
 import typing as t
 from dataclasses import dataclass, field
 
-from ._control import Reply, check_applied, command, parse_percentage, parse_pids
-from ._daemon import Daemon, child_pids, inspect, resource_lock
-from ._errors import ControlCommandError, DeviceSelectionError, InvalidParameterError, MpsError
-from ._gpus import Gpu, resolve_devices
-from ._io import ensure_dir, read_json, read_text, refuse_unsafe_dirs
-from ._limits import (
-    EVERY_GPU, Limits, format_percentage, parse_percentage as parse_wanted_percentage, parse_readback, parse_size,
-    percentage_matches, persist, read_persisted, readback_matches, readback_readable, uuids_from_environ, write_replay,
+from .._errors import DeviceSelectionError, InvalidParameterError, MpsError
+from .._outcome import Outcome
+from .._protocol.commands import check_applied, command
+from .._protocol.state import read_state
+from .._resource.lock import resource_lock
+from .._supervisor.process import Daemon, inspect
+from .._gpus import Gpu, resolve_devices
+from .._io import ensure_dir, read_text, refuse_unsafe_dirs
+from .._resource.record import read_record
+from .._proc import child_pids, uuids_from_environ
+from .model import (
+    check_replicas,
+    EVERY_GPU,
+    Limits,
+    format_percentage,
+    parse_percentage as parse_wanted_percentage,
+    parse_readback,
+    parse_size,
+    percentage_matches,
+    readback_matches,
+    readback_readable,
 )
-from ._root import ConfigPaths, ResourcePaths, managed_dirs
-from ._systemd import parse_env
+from .._resource.store import persist, read_persisted, write_replay
+from .._resource.layout import ConfigPaths, ResourcePaths, managed_dirs
+from .._supervisor.unit import parse_env
 
 RUNNING_SERVERS_CHOICES = ('ignore', 'update')
 
@@ -40,16 +54,12 @@ class ServerLimits:
 
 
 @dataclass
-class LimitsOutcome:
-    changed: bool = False
+class LimitsOutcome(Outcome):
     applied: bool = False
     persisted: bool = False
     running: bool = False
     commands: t.List[str] = field(default_factory=list)
-    warnings: t.List[str] = field(default_factory=list)
     limits: t.Dict[str, t.Any] = field(default_factory=dict)
-    before: t.Dict[str, t.Any] = field(default_factory=dict)
-    after: t.Dict[str, t.Any] = field(default_factory=dict)
     pending: t.List[t.Dict[str, t.Any]] = field(default_factory=list)
     ui_processes: int = 0
 
@@ -72,10 +82,10 @@ class LimitsManager:
         state = inspect(self.paths)
         if state.conflict:
             raise MpsError('the MPS control daemon for %s: %s' % (self.paths.name, state.conflict), pid=state.pid)
-        record = read_json(self.paths.started_file)
+        record = read_record(self.paths)
         uuids: t.Optional[t.List[str]] = None
-        if isinstance(record, dict) and isinstance(record.get('devices'), list):
-            uuids = [str(uuid) for uuid in record['devices']]
+        if record is not None:
+            uuids = list(record.devices)
         elif state.running and state.pid:
             uuids = uuids_from_environ(state.pid)
             if uuids is not None:
@@ -107,14 +117,7 @@ class LimitsManager:
         previous = read_persisted(self.config) or Limits()
         limits = Limits(previous.active_thread_percentage, dict(previous.pinned_device_mem_limit), previous.replicas)
         if replicas is not None:
-            if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
-                raise InvalidParameterError('replicas', 'must be an integer of at least 1, got %r' % (replicas,))
-            for gpu in scope:
-                if replicas > gpu.max_mps_clients:
-                    raise InvalidParameterError('replicas', '%d exceeds the %d MPS clients GPU %d (%s, compute capability %d.%d) '
-                                                'supports' % (replicas, gpu.max_mps_clients, gpu.index, gpu.name,
-                                                              gpu.compute_capability[0], gpu.compute_capability[1]))
-            limits.replicas = replicas
+            limits.replicas = check_replicas(replicas, scope)
             limits.active_thread_percentage = float(100 // replicas)
             # Every GPU of the host, not only the daemon's: the record stays the same whether or not the
             # daemon runs yet, and a device change of the daemon needs no new record.
@@ -149,30 +152,10 @@ class LimitsManager:
         daemon = self.daemon
         if daemon is None:
             raise MpsError('the control binary is needed to read the limits of a running daemon')
-        cmds = [command('get_default_active_thread_percentage')]
-        cmds += [command('get_default_device_pinned_mem_limit', ordinal) for ordinal in range(len(scope))]
-        cmds.append(command('get_server_list'))
-        candidates = child_pids(pid) if pid else []
-        for cand in candidates:
-            cmds.append(command('get_active_thread_percentage', cand))
-            cmds += [command('get_device_pinned_mem_limit', cand, ordinal) for ordinal in range(len(scope))]
-        replies = daemon.query(cmds)
-        pct = parse_percentage(replies[0])
-        mem = {ordinal: _mem_text(replies[1 + ordinal]) for ordinal in range(len(scope))}
-        servers_reply = replies[1 + len(scope)]
-        servers = set(parse_pids(servers_reply))
-        per = 1 + len(scope)
-        found = []
-        base = 2 + len(scope)
-        for n, cand in enumerate(candidates):
-            if cand not in servers:
-                continue
-            chunk = replies[base + n * per: base + (n + 1) * per]
-            found.append(ServerLimits(cand, _optional_percentage(chunk[0]), {o: _mem_text(chunk[1 + o]) for o in range(len(scope))}))
-        unseen = servers - {server.pid for server in found}
-        for spid in sorted(unseen):
-            found.append(ServerLimits(spid, None, {}))
-        return pct, mem, found
+        readout = read_state(daemon.query, len(scope), child_pids(pid) if pid else [])
+        servers = [ServerLimits(server.pid, server.active_thread_percentage, dict(enumerate(server.pinned_device_mem_limit)))
+                   for server in readout.servers]
+        return readout.default_percentage, dict(enumerate(readout.default_mem)), servers
 
     def ensure(self, percentage: t.Any, mem: t.Any, replicas: t.Any, running_servers: str, persist_limits: bool,
                create: bool) -> LimitsOutcome:
@@ -186,14 +169,18 @@ class LimitsManager:
         # so that a concurrent mps_daemon or mps_limits run on this resource is seen whole or not at all.
         self.wanted(self.scope(create)[0], percentage, mem, replicas)
         if self.check_mode:
-            return self._ensure(percentage, mem, replicas, running_servers, persist_limits, create)
+            return self._plan(percentage, mem, replicas, running_servers, persist_limits, create)
         # The lock belongs to the resource, not to its daemon: taken whether or not one runs, so a concurrent
         # mps_daemon start never replays a half-written record.
         with resource_lock(self.paths):
-            return self._ensure(percentage, mem, replicas, running_servers, persist_limits, create)
+            out = self._plan(percentage, mem, replicas, running_servers, persist_limits, create)
+            out.apply()
+            out.ui_processes = self.daemon.client.processes if self.daemon else 0
+            return out
 
-    def _ensure(self, percentage: t.Any, mem: t.Any, replicas: t.Any, running_servers: str, persist_limits: bool,
-                create: bool) -> LimitsOutcome:
+    def _plan(self, percentage: t.Any, mem: t.Any, replicas: t.Any, running_servers: str, persist_limits: bool,
+              create: bool) -> LimitsOutcome:
+        """Read the daemon (one UI process) and the record, and plan every action; nothing is changed here."""
         scope, running, pid = self.scope(create)
         wanted = self.wanted(scope, percentage, mem, replicas)
         persisted = read_persisted(self.config)
@@ -210,9 +197,8 @@ class LimitsManager:
             out.commands += updates
             out.pending = [server.as_dict() for server in pending]
             if out.commands:
-                out.changed = True
-                if not self.check_mode:
-                    self._apply(out.commands)
+                commands = list(out.commands)
+                out.act('apply %s' % '; '.join(commands), lambda: self._apply(commands))
                 out.applied = True
         else:
             out.before = {'active_thread_percentage': persisted.active_thread_percentage if persisted else None,
@@ -221,12 +207,15 @@ class LimitsManager:
             out.warnings.append('the MPS control daemon of %r is not running: the limits were not applied now; they will '
                                 'be applied when it starts' % self.paths.name)
         if persist_limits:
-            if not self.check_mode:
-                ensure_dir(self.config.config_dir, 0o755)
-            changed_json = persist(self.config, wanted, self.check_mode)
-            changed_replay = self.order_known and write_replay(self.config, wanted, [g.uuid for g in scope], self.check_mode)
-            out.persisted = changed_json or changed_replay
-            out.changed = out.changed or out.persisted
+            uuids = [g.uuid for g in scope]
+            if persist(self.config, wanted, check_mode=True):
+                out.act('write %s' % self.config.limits_json, lambda: (
+                    ensure_dir(self.config.config_dir, 0o755), persist(self.config, wanted, check_mode=False)))
+                out.persisted = True
+            if self.order_known and write_replay(self.config, wanted, uuids, check_mode=True):
+                out.act('write %s' % self.config.limits_file, lambda: (
+                    ensure_dir(self.config.config_dir, 0o755), write_replay(self.config, wanted, uuids, check_mode=False)))
+                out.persisted = True
         elif not running:
             out.warnings.append('persist=false and no daemon is running: nothing was done')
         out.ui_processes = self.daemon.client.processes if self.daemon else 0
@@ -291,18 +280,6 @@ class LimitsManager:
         return {'active_thread_percentage': wanted.active_thread_percentage, 'replicas': wanted.replicas,
                 'pinned_device_mem_limit': {'by_ordinal': by_ordinal, 'by_uuid': by_uuid},
                 'devices': [dict(gpu.summary(), ordinal=ordinal) for ordinal, gpu in enumerate(scope)]}
-
-
-def _mem_text(reply: Reply) -> t.Optional[str]:
-    """The read-back as printed (a reply that is no size is kept: it means "unknown", and the limit is set again)."""
-    return reply.text.strip() or None
-
-
-def _optional_percentage(reply: Reply) -> t.Optional[float]:
-    try:
-        return parse_percentage(reply)
-    except ControlCommandError:
-        return None
 
 
 def _mib_text(mib: t.Optional[int]) -> t.Optional[str]:

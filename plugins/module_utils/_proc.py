@@ -1,0 +1,181 @@
+# Copyright: gpufleet.mps contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Every read of ``/proc``: processes, their environment and open files, the kernel's lock table, mounts.
+
+Each function answers one question about the host and says "unknown" (None) rather than guess when
+``/proc`` does not tell (another user's process, a kernel without the file).
+"""
+
+from __future__ import annotations
+
+import os
+import typing as t
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def lock_holders(path: str, proc_locks: str = '/proc/locks') -> t.Optional[t.List[int]]:
+    """Pids holding a lock on ``path`` per ``/proc/locks``; [] for none; None when unknowable."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return []
+    except OSError:
+        return None
+    wanted = '%02x:%02x:%d' % (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+    try:
+        with open(proc_locks, encoding='ascii', errors='replace') as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return None
+    holders = []
+    for line in lines:
+        fields = line.split()
+        if '->' in fields or len(fields) < 6:
+            continue  # a waiter, not a holder
+        if fields[5] == wanted:
+            try:
+                holders.append(int(fields[4]))
+            except ValueError:
+                holders.append(-1)
+    return holders
+
+
+def looks_like_daemon(pid: int) -> bool:
+    """The process is named like the control daemon (comm is truncated to 15 characters)."""
+    try:
+        with open('/proc/%d/comm' % pid, encoding='utf-8', errors='replace') as handle:
+            comm = handle.read().strip()
+    except OSError:
+        return False
+    return comm == 'nvidia-cuda-mps-control'[:15]
+
+
+def has_open(pid: int, path: str) -> bool:
+    real = os.path.realpath(path)
+    try:
+        fds = os.listdir('/proc/%d/fd' % pid)
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink('/proc/%d/fd/%s' % (pid, fd)) == real:
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def environ_of(pid: int) -> t.Optional[t.Dict[str, str]]:
+    """The environment a process was started with, None when unreadable."""
+    try:
+        with open('/proc/%d/environ' % pid, 'rb') as handle:
+            entries = handle.read().split(b'\0')
+    except OSError:
+        return None
+    env = {}
+    for entry in entries:
+        name, sep, value = entry.partition(b'=')
+        if sep:
+            env[name.decode('utf-8', 'replace')] = value.decode('utf-8', 'replace')
+    return env
+
+
+def child_pids(pid: int) -> t.List[int]:
+    """Pids of the children of ``pid``: for a control daemon, its MPS servers.
+
+    Lets one UI session ask about every server (``get_server_list`` in the same batch says which of
+    them really are servers) instead of a first session for the list and a second for the details.
+    """
+    children: t.Set[int] = set()
+    try:
+        tasks = os.listdir('/proc/%d/task' % pid)
+    except OSError:
+        return []
+    found_children_files = False
+    for tid in tasks:
+        try:
+            with open('/proc/%d/task/%s/children' % (pid, tid), encoding='ascii') as handle:
+                children.update(int(word) for word in handle.read().split())
+            found_children_files = True
+        except (OSError, ValueError):
+            continue
+    if not found_children_files:
+        # Kernels without CONFIG_PROC_CHILDREN: scan every process's parent.
+        for entry in os.listdir('/proc'):
+            if not entry.isdigit():
+                continue
+            try:
+                with open('/proc/%s/stat' % entry, encoding='ascii', errors='replace') as handle:
+                    if int(handle.read().rsplit(')', 1)[1].split()[1]) == pid:
+                        children.add(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue
+    return sorted(children)
+
+
+def same_directory(first: str, second: str) -> t.Optional[bool]:
+    """Whether two paths are the same directory (device and inode), None when either cannot be read."""
+    try:
+        a, b = os.stat(first), os.stat(second)
+    except OSError:
+        return None
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def daemon_dev_shm(pid: int, shm_dir: str) -> t.Optional[str]:
+    """Which ``/dev/shm`` the process sees through its own mount namespace: ``shm_dir``, the host's, or None."""
+    theirs = '/proc/%d/root/dev/shm' % pid
+    if same_directory(theirs, shm_dir):
+        return shm_dir
+    if same_directory(theirs, '/dev/shm'):
+        return '/dev/shm'
+    return None
+
+
+def is_zombie(pid: int) -> bool:
+    try:
+        with open('/proc/%d/stat' % pid, encoding='ascii', errors='replace') as handle:
+            return handle.read().rsplit(')', 1)[1].split()[0] == 'Z'
+    except (OSError, IndexError):
+        return False
+
+
+def process_uid(pid: int, proc: str = '/proc') -> t.Optional[int]:
+    """The real uid of a process (``Uid:`` in ``/proc/<pid>/status``); None when unknowable."""
+    try:
+        with open('%s/%d/status' % (proc, pid), encoding='ascii', errors='replace') as handle:
+            for line in handle:
+                if line.startswith('Uid:'):
+                    return int(line.split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+    return None
+
+
+def uuids_from_environ(pid: int) -> t.Optional[t.List[str]]:
+    """``CUDA_VISIBLE_DEVICES`` of a running daemon not started by this collection (None when unreadable or unset)."""
+    env = environ_of(pid)
+    if env is None or 'CUDA_VISIBLE_DEVICES' not in env:
+        return None
+    return [item.strip() for item in env['CUDA_VISIBLE_DEVICES'].split(',') if item.strip()]
+
+
+MOUNTINFO = '/proc/self/mountinfo'
+
+
+def read_mountinfo() -> str:
+    """This process's mount table (empty when unreadable)."""
+    try:
+        with open(MOUNTINFO, encoding='utf-8', errors='replace') as handle:
+            return handle.read()
+    except OSError:
+        return ''

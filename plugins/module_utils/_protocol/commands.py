@@ -1,0 +1,66 @@
+# Copyright: gpufleet.mps contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The control commands this collection sends, built from plain tokens, and the parsers of their replies.
+
+The UI exits 0 even when the daemon rejects a command, printing the error text as the reply; so every
+reply is parsed for the positive answer, never matched against error texts (which are undocumented).
+"""
+
+from __future__ import annotations
+
+import re
+import typing as t
+
+from .._errors import ControlCommandError, InvalidParameterError
+from .framing import PERCENT_COMMANDS, PERCENT_LINE, Reply
+
+
+_TOKEN = re.compile(r'[A-Za-z0-9][A-Za-z0-9._:=-]*')
+
+
+def command(name: str, *args: t.Union[str, int, float]) -> str:
+    """Build one control command from plain tokens.
+
+    Every token must be a single word of letters, digits and ``._:=-``: no whitespace, newline or
+    other character can reach the control pipe, so no value can smuggle in a second command.
+    """
+    tokens = [name] + [str(arg) for arg in args]
+    for token in tokens:
+        if not _TOKEN.fullmatch(token):
+            raise InvalidParameterError('command', 'refusing to send %r to the control daemon: not a plain token' % token)
+    return ' '.join(tokens)
+
+
+def parse_percentage(reply: Reply) -> float:
+    """Parse a one-line ``%.1f`` reply, or raise with the daemon's text."""
+    if len(reply.lines) == 1 and PERCENT_LINE.fullmatch(reply.lines[0]):
+        return float(reply.lines[0])
+    raise ControlCommandError('the MPS control daemon rejected %r: %s' % (reply.command, reply.text or '(no output)'))
+
+
+def expect_silent(reply: Reply) -> None:
+    """A command that prints nothing on success printed something: that is its error text."""
+    if reply.lines:
+        raise ControlCommandError('the MPS control daemon rejected %r: %s' % (reply.command, reply.text))
+
+
+def check_applied(replies: t.Sequence[Reply]) -> None:
+    """Every ``set_*`` command of a batch was accepted: a percentage setter echoes the value, the others print nothing.
+
+    The UI's exit status is 0 even when a command is rejected, so each reply is looked at; the first
+    rejected one raises with the daemon's own text.
+    """
+    for reply in replies:
+        verb = reply.command.split()[0]
+        if verb in PERCENT_COMMANDS:
+            parse_percentage(reply)
+        elif verb.startswith('set_'):
+            expect_silent(reply)
+
+
+def parse_pids(reply: Reply) -> t.List[int]:
+    """Parse a list of pids (one per line, or whitespace separated)."""
+    words = ' '.join(reply.lines).split()
+    if not all(word.isdigit() for word in words):
+        raise ControlCommandError('the MPS control daemon rejected %r: %s' % (reply.command, reply.text))
+    return [int(word) for word in words]

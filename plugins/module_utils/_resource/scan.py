@@ -1,0 +1,107 @@
+# Copyright: gpufleet.mps contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Which resources a host has: under a root (pipe directories, start records) and in a config directory."""
+
+from __future__ import annotations
+
+import os
+import re
+import typing as t
+
+from .._supervisor.process import DaemonState, inspect
+from .layout import SHM_DIR, is_valid_name, resource_paths, systemd_instance
+from .record import StartRecord, read_record
+
+
+def scan_resources(root: str) -> t.List[str]:
+    """Names of the resources under ``root`` that have a pipe directory or a ``.started`` record."""
+    names = []
+    try:
+        first = sorted(os.listdir(root))
+    except OSError:
+        return names
+    for top in first:
+        top_dir = os.path.join(root, top)
+        if top.startswith('.') or top == SHM_DIR or os.path.islink(top_dir) or not os.path.isdir(top_dir):
+            continue
+        if _is_resource_dir(top_dir):
+            names.append(top)
+            continue
+        try:
+            second = sorted(os.listdir(top_dir))
+        except OSError:
+            continue
+        for sub in second:
+            sub_dir = os.path.join(top_dir, sub)
+            if not os.path.islink(sub_dir) and _is_resource_dir(sub_dir):
+                names.append('%s/%s' % (top, sub))
+    return [name for name in names if is_valid_name(name)]
+
+
+def _is_resource_dir(path: str) -> bool:
+    return os.path.isdir(os.path.join(path, 'pipe')) or os.path.exists(os.path.join(path, '.started'))
+
+
+def resource_name(instance: str) -> t.Optional[str]:
+    """The resource name a systemd instance name was escaped from (:func:`systemd_instance` undone); None if it is none."""
+    out = bytearray()
+    pos = 0
+    while pos < len(instance):
+        char = instance[pos]
+        if char == '-':
+            out += b'/'
+        elif char == '\\' and re.fullmatch(r'\\x[0-9a-f]{2}', instance[pos:pos + 4]):
+            out.append(int(instance[pos + 2:pos + 4], 16))
+            pos += 3
+        else:
+            out += char.encode('utf-8')
+        pos += 1
+    name = out.decode('utf-8', 'replace')
+    return name if is_valid_name(name) and systemd_instance(name) == instance else None
+
+
+# The per-resource files in the config directory, by suffix (the instance name before it).
+CONFIG_SUFFIXES = ('.env', '.limits.json', '.limits')
+
+
+def scan_config(config_dir: str) -> t.List[str]:
+    """Names of the resources that have files of this collection in ``config_dir``."""
+    try:
+        entries = os.listdir(config_dir)
+    except OSError:
+        return []
+    names = set()
+    for entry in entries:
+        for suffix in CONFIG_SUFFIXES:
+            if entry.endswith(suffix):
+                name = resource_name(entry[:-len(suffix)])
+                if name:
+                    names.add(name)
+                break
+    return sorted(names)
+
+
+def live_daemons(root: str, exclude: t.Optional[str] = None) -> t.Dict[str, t.Tuple['DaemonState', StartRecord]]:
+    """The resources under ``root`` whose daemon runs (or may: its evidence disagrees), with their start records."""
+    found = {}
+    for name in scan_resources(root):
+        if name == exclude:
+            continue
+        paths = resource_paths(root, name)
+        record = read_record(paths)
+        if record is None:
+            continue
+        state = inspect(paths)
+        # A daemon whose evidence disagrees may still serve its GPUs: never reset or take them.
+        if state.running or state.conflict:
+            found[name] = (state, record)
+    return found
+
+
+def gpu_claims(records: t.Mapping[str, StartRecord]) -> t.Dict[str, t.List[str]]:
+    """GPU UUID -> the resources whose records name it, sorted."""
+    claims: t.Dict[str, t.List[str]] = {}
+    for name, record in sorted(records.items()):
+        for uuid in record.devices:
+            claims.setdefault(uuid, []).append(name)
+    return claims
