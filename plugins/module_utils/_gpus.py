@@ -56,6 +56,8 @@ def driver_major(driver_version: t.Optional[str]) -> t.Optional[int]:
     """``590`` from ``590.44.01``; None when unknown."""
     head = (driver_version or '').split('.', 1)[0]
     return int(head) if head.isdigit() else None
+
+
 _UUID_PREFIX = re.compile(r'GPU-[0-9a-fA-F-]*')
 
 

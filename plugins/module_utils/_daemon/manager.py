@@ -114,7 +114,7 @@ class ResourceManager:
     def owned_elsewhere(self) -> t.Dict[str, str]:
         """UUID -> resource, for GPUs of the other live daemons under the same root."""
         others = live_daemons(self.paths.root, exclude=self.paths.name)
-        return {uuid: names[0] for uuid, names in gpu_claims({name: record for name, (_, record) in others.items()}).items()}
+        return {uuid: names[0] for uuid, names in gpu_claims({name: found[1] for name, found in others.items()}).items()}
 
     @property
     def dropin_path(self) -> str:
@@ -540,8 +540,6 @@ class ResourceManager:
             if changed:
                 found.append('environment file %s differs in %s' % (self.config.env_file, ', '.join(changed)))
         return found
-
-
 
 
 @dataclass

@@ -143,8 +143,6 @@ class Limits:
         return cmds
 
 
-
-
 def check_replicas(replicas: t.Any, gpus: t.Sequence[t.Any], param: str = 'replicas',
                    caps: t.Optional[t.Mapping[str, int]] = None) -> int:
     """A replica count every one of ``gpus`` can serve (one MPS client per replica), or a refusal naming ``param``.

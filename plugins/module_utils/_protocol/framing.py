@@ -173,5 +173,3 @@ class ControlClient:
                 rc=rc, stdout=stdout, stderr=stderr)
         lines = [line.strip() for line in stdout.splitlines() if line.strip()]
         return split_replies(commands, lines)
-
-

@@ -80,12 +80,12 @@ def parse_state(replies: t.Sequence[Reply], ordinals: int, candidates: t.Sequenc
     it = iter(replies)
     default_percentage = parse_percentage(next(it))
     listed = parse_pids(next(it))
-    default_mem = [mem_text(next(it)) for _ in range(ordinals)]
+    default_mem = [mem_text(next(it)) for _ordinal in range(ordinals)]
     asked: t.Dict[int, ServerState] = {}
     for pid in candidates:
         status = next(it)
         clients = next(it)
-        mem = [mem_text(next(it)) for _ in range(ordinals)]
+        mem = [mem_text(next(it)) for _ordinal in range(ordinals)]
         percentage = optional_percentage(next(it))
         try:
             client_pids = parse_pids(clients)

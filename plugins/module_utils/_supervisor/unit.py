@@ -29,6 +29,15 @@ UNIT_NAME = 'gpufleet-mps@.service'
 UNIT_DIR = '/etc/systemd/system'
 SYSTEMCTL = 'systemctl'
 
+# The limit replay after every start, its replies checked (a percentage setter echoes %.1f, a memory setter
+# prints nothing; anything else is the daemon's refusal, sent to the journal). Braces doubled for format().
+_REPLAY = (
+    'if [ -s "$$MPS_LIMITS_FILE" ]; then '
+    'out=$$("$$MPS_CONTROL" < "$$MPS_LIMITS_FILE") || {{ echo "gpufleet-mps: replaying $$MPS_LIMITS_FILE failed: $$out" >&2; exit 1; }}; '
+    'bad=$$(echo "$$out" | grep -Ev "^([0-9]+[.][0-9]+)?$$"); '
+    'if [ -n "$$bad" ]; then echo "gpufleet-mps: the daemon rejected a limit of $$MPS_LIMITS_FILE: $$bad" >&2; exit 1; fi; fi'
+)
+
 # "$$" is a literal "$" for systemd, so the shell, not systemd, expands the variables that the
 # EnvironmentFile exported to it.
 UNIT_TEMPLATE = """\
@@ -47,7 +56,7 @@ ExecStartPre=/bin/mkdir -p -m 0755 ${{CUDA_MPS_PIPE_DIRECTORY}}
 ExecStartPre=/bin/sh -c 'mkdir -p -m "$${{MPS_LOG_MODE:-0700}}" "$$CUDA_MPS_LOG_DIRECTORY" && chmod "$${{MPS_LOG_MODE:-0700}}" "$$CUDA_MPS_LOG_DIRECTORY"'
 ExecStartPre=/bin/sh -c 'if [ -n "$$MPS_COMPUTE_MODE" ]; then exec "$$MPS_NVIDIA_SMI" -i "$$CUDA_VISIBLE_DEVICES" -c "$$MPS_COMPUTE_MODE"; fi'
 ExecStart=/bin/sh -c 'exec "$$MPS_CONTROL" -d $$MPS_DAEMON_ARGS'
-ExecStartPost=/bin/sh -c 'if [ -s "$$MPS_LIMITS_FILE" ]; then out=$$("$$MPS_CONTROL" < "$$MPS_LIMITS_FILE") || {{ echo "gpufleet-mps: replaying $$MPS_LIMITS_FILE failed: $$out" >&2; exit 1; }}; bad=$$(echo "$$out" | grep -Ev "^([0-9]+[.][0-9]+)?$$"); if [ -n "$$bad" ]; then echo "gpufleet-mps: the daemon rejected a limit of $$MPS_LIMITS_FILE: $$bad" >&2; exit 1; fi; fi'
+ExecStartPost=/bin/sh -c '""" + _REPLAY + """'
 ExecStop=-/bin/sh -c 'echo "quit -t $$MPS_STOP_TIMEOUT" | "$$MPS_CONTROL"'
 ExecStopPost=/bin/sh -c 'if [ -n "$$MPS_COMPUTE_MODE" ]; then "$$MPS_NVIDIA_SMI" -i "$$CUDA_VISIBLE_DEVICES" -c DEFAULT > /dev/null; fi'
 Restart=on-failure
