@@ -38,6 +38,8 @@ PERCENT_LINE = re.compile(r'\d+\.\d+')
 # always starts with a header line that is not a percentage, so an empty error reply cannot be
 # mistaken for the sentinel's percentage.
 FENCE = 'ps'
+# The first line of the fence's reply (NVIDIA's documented ps header).
+FENCE_HEADER = 'PID ID SERVER'
 
 
 @dataclass(frozen=True)
@@ -89,8 +91,8 @@ def batch_text(commands: t.Sequence[str]) -> str:
 def split_replies(commands: t.Sequence[str], lines: t.Sequence[str]) -> t.List[Reply]:
     """Split the UI's output (non-blank lines, stripped) for a batch framed by :func:`batch_text`.
 
-    The reply of a failed pid percentage query also holds the fence's output; it is only ever
-    parsed as a percentage, which it is not.
+    The reply of a failed percentage query ends before the fence's header, so that the daemon's error
+    text is all an error message shows.
     """
     replies = []
     pos = 0
@@ -113,7 +115,11 @@ def split_replies(commands: t.Sequence[str], lines: t.Sequence[str]) -> t.List[R
         if end == len(lines):
             raise ControlBinaryError('unexpected reply from the MPS control UI: no delimiter after %r' % cmd,
                                      stdout='\n'.join(lines))
-        replies.append(Reply(cmd, value if value is not None else tuple(lines[pos:end])))
+        text = lines[pos:end]
+        if value is None and _may_fail_percent(cmd):
+            header = next((n for n, line in enumerate(text) if line.startswith(FENCE_HEADER)), len(text))
+            text = text[:header]
+        replies.append(Reply(cmd, value if value is not None else tuple(text)))
         pos = end + 1
     return replies
 

@@ -393,3 +393,11 @@ def test_without_the_control_binary_running_daemons_are_listed_not_asked(host):
     (daemon,) = report.facts['daemons']
     assert daemon['running'] and not daemon['healthy'] and 'not found' in daemon['error']
     assert report.facts['control_binary'] is None
+
+
+@pytest.mark.parametrize('failure', [['Server with PID 7 not found'], ['Error: invalid server PID'], []],
+                         ids=['text', 'alt', 'silent'])
+def test_a_failed_percentage_query_replies_with_the_daemons_text_only_not_the_fence(failure):
+    cmds = ['set_default_active_thread_percentage 250', 'get_server_status 8']
+    replies = _control.split_replies(cmds, failure + PS + ['100.0', 'ACTIVE'])
+    assert replies[0].lines == tuple(failure)
