@@ -10,6 +10,7 @@ compares the wanted daemon with it, never guesses from processes.
 from __future__ import annotations
 
 import datetime
+import errno
 import os
 import shutil
 import stat
@@ -106,6 +107,7 @@ class ResourceManager:
         self._would_remove: t.List[str] = []
         self._lock_existed = False
         self._unit_stop_planned = False
+        self._disable_planned = False
 
     # --- reading -------------------------------------------------------------------------------
     def record(self) -> t.Optional[StartRecord]:
@@ -260,6 +262,7 @@ class ResourceManager:
         if enabled is None or self.systemctl is None:
             return
         if self.systemctl.is_enabled(self.unit) != enabled:
+            self._disable_planned = self._disable_planned or not enabled
             systemctl = self.systemctl
             out.act('%s %s' % ('enable' if enabled else 'disable', self.unit),
                     lambda: (systemctl.enable if enabled else systemctl.disable)(self.unit))
@@ -382,6 +385,9 @@ class ResourceManager:
         (it is held until the module ends); the template unit goes with the last resource of its config
         directory.
         """
+        if self.systemctl is not None and not self._disable_planned and self.systemctl.is_enabled(self.unit):
+            # Enabled by an earlier run with supervisor=systemd: it would start again at boot.
+            self._apply_enabled(False, out)
         logs = [os.path.join(self.paths.log_dir, name) for name in LOG_FILES] + [self.paths.log_dir] if self.remove_logs else []
         lock = os.path.join(self.paths.resource_dir, RESOURCE_LOCK)
         unit_path = os.path.join(self.unit_dir, UNIT_NAME)
@@ -418,9 +424,9 @@ class ResourceManager:
             return False
         if os.path.isdir(path) and not os.path.islink(path):
             gone = set(self._would_remove)
-            if any(os.path.join(path, name) not in gone for name in os.listdir(path)):
-                return False
-            out.act('remove directory %s' % path, lambda: os.rmdir(path))
+            if os.path.ismount(path) or any(os.path.join(path, name) not in gone for name in os.listdir(path)):
+                return False  # a mount point is not the collection's to remove, nor a directory with others' files
+            out.act('remove directory %s' % path, lambda: _rmdir_if_empty(path))
         else:
             out.act('remove %s' % path, lambda: remove(path))
         self._would_remove.append(path)
@@ -542,13 +548,22 @@ class ResourceManager:
         return found
 
 
+def _rmdir_if_empty(path: str) -> None:
+    """Remove a directory planned as empty; something put there (or a mount) since the plan keeps it."""
+    try:
+        os.rmdir(path)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.EBUSY, errno.ENOENT):
+            raise MpsError('cannot remove the directory %s: %s' % (path, exc.strerror), path=path) from exc
+
+
 @dataclass
 class DaemonSetup:
     """Everything a run of mps_daemon needs before NVML is opened, validated from the module's options."""
 
     paths: ResourcePaths
     config: ConfigPaths
-    container: t.Dict[str, t.Any]
+    container: t.Optional[t.Dict[str, t.Any]]
     daemon: Daemon
     supervisor: str
     systemctl: t.Optional[Systemctl]
@@ -564,8 +579,15 @@ class DaemonSetup:
         if not (devices == 'all' or isinstance(devices, list)):
             raise InvalidParameterError('devices', 'must be "all" or a list of GPU indices, UUIDs or unique UUID prefixes')
         log_mode = validate_log_mode(params['log_mode'])
-        paths = resource_paths(params['root'], params['name'])
-        container = container_view(paths, params['container_root'], params['shm'])
+        leaving = params['state'] in ('stopped', 'absent')
+        # A resource that an older version accepted (a pipe directory of 88 to 99 bytes) can still be stopped and removed.
+        paths = resource_paths(params['root'], params['name'], check_length=not leaving)
+        try:
+            container: t.Optional[t.Dict[str, t.Any]] = container_view(paths, params['container_root'], params['shm'])
+        except InvalidParameterError:
+            if not leaving:
+                raise
+            container = None
         config = config_paths(params['config_dir'], params['name'])
         control = binary(params['control_binary'])
         supervisor = params['supervisor']
@@ -573,12 +595,15 @@ class DaemonSetup:
             supervisor = 'systemd' if systemd_is_pid1() else 'none'
         systemctl = None
         nvidia_smi = None
+        systemctl_path = shutil.which('systemctl')
         if supervisor == 'systemd':
-            systemctl_path = shutil.which('systemctl')
             if not systemctl_path:
                 raise InvalidParameterError('supervisor', 'systemd was asked for but systemctl is not installed')
             systemctl = Systemctl(systemctl_path)
             nvidia_smi = shutil.which('nvidia-smi') or '/usr/bin/nvidia-smi'
+        elif params['state'] == 'absent' and systemctl_path and systemd_is_pid1():
+            # A unit an earlier run enabled (supervisor=systemd) is disabled, whatever supervises now.
+            systemctl = Systemctl(systemctl_path)
         daemon = Daemon(paths, control, start_timeout=params['start_timeout'], stop_timeout=params['stop_timeout'],
                         log_mode=log_mode, shm_dir=paths.shm_dir if params['shm'] else None)
         return cls(paths, config, container, daemon, supervisor, systemctl, nvidia_smi)

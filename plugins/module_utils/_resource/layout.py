@@ -111,18 +111,20 @@ def validate_root(root: object, param: str = 'root') -> str:
     return normalised
 
 
-def resource_paths(root: str, name: str) -> ResourcePaths:
+def resource_paths(root: str, name: str, check_length: bool = True) -> ResourcePaths:
     """Validate ``root`` and ``name`` and return the resource's paths.
 
     Fails when the pipe directory is longer than :data:`MAX_PIPE_DIR_BYTES`: the daemon could not bind
     its sockets there, says nothing about it, and every later call would report that no daemon exists.
+    ``check_length=False`` is for taking down what an older version accepted (up to 99 bytes).
     """
     root = validate_root(root)
     name = validate_name(name)
     resource_dir = os.path.join(root, name)
     pipe_dir = os.path.join(resource_dir, 'pipe')
     control_socket = os.path.join(pipe_dir, CONTROL_SOCKET)
-    check_pipe_dir_length(pipe_dir, 'root')
+    if check_length:
+        check_pipe_dir_length(pipe_dir, 'root')
     return ResourcePaths(
         root=root,
         name=name,

@@ -71,11 +71,11 @@ def socket_answers(path: str, timeout: float = 2.0) -> t.Optional[bool]:
         return True
     except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
         return False
-    except socket.timeout:
-        return True  # a full backlog: bound and listening, but not accepting (a hung daemon)
+    except (BlockingIOError, socket.timeout):
+        return True  # a full backlog (EAGAIN on AF_UNIX): bound and listening, but not accepting - a hung daemon
     except OSError as exc:
-        if exc.errno == errno.EPROTOTYPE:
-            return True  # bound by a listener of another socket type: somebody listens there
+        if exc.errno in (errno.EPROTOTYPE, errno.EAGAIN):
+            return True  # bound by a listener of another socket type, or busy: somebody listens there
         return None  # EACCES and the like: this process cannot tell
     finally:
         sock.close()
@@ -134,8 +134,10 @@ def inspect(paths: ResourcePaths) -> DaemonState:
         # This process may not connect (permissions): the lock and the pid file are all there is.
         return DaemonState(pid is not None, pid, pid_file_pid, leftovers)
     if answers:
-        if pid is None and pid_file_pid is not None and pid_alive(pid_file_pid):
-            pid = pid_file_pid  # the answering daemon wrote it at its start: its pid cannot have been reused since
+        if pid is None and pid_file_pid is not None and pid_alive(pid_file_pid) and _serves(pid_file_pid, paths.pipe_dir) is not False:
+            # The answering daemon wrote it at its start; a process of another pid namespace that has the same
+            # number serves another pipe directory (or none), which its environment shows.
+            pid = pid_file_pid
         return DaemonState(True, pid, pid_file_pid, leftovers)
     if pid is not None:
         evidence = []
@@ -153,6 +155,14 @@ def inspect(paths: ResourcePaths) -> DaemonState:
     return DaemonState(False, None, pid_file_pid, leftovers)
 
 
+def _serves(pid: int, pipe_dir: str) -> t.Optional[bool]:
+    """Whether the process's pipe directory is ``pipe_dir``; None when its environment cannot be read."""
+    env = environ_of(pid)
+    if env is None:
+        return None
+    return os.path.normpath(env.get('CUDA_MPS_PIPE_DIRECTORY') or DEFAULT_PIPE_DIR) == os.path.normpath(pipe_dir)
+
+
 def _is_daemon_of(pid: int, pipe_dir: str) -> bool:
     """The process is a control daemon of ``pipe_dir``, as far as /proc shows.
 
@@ -161,10 +171,8 @@ def _is_daemon_of(pid: int, pipe_dir: str) -> bool:
     """
     if not (looks_like_daemon(pid) or has_open(pid, os.path.join(pipe_dir, LOCK_FILE))):
         return False
-    env = environ_of(pid)
-    if env is None:
-        return True  # another user's process: its name is all this process can see
-    return os.path.normpath(env.get('CUDA_MPS_PIPE_DIRECTORY') or DEFAULT_PIPE_DIR) == os.path.normpath(pipe_dir)
+    # Another user's process: its name is all this process can see.
+    return _serves(pid, pipe_dir) is not False
 
 
 def daemon_env(paths: ResourcePaths, uuids: t.Sequence[str], environ: t.Optional[t.Mapping[str, str]] = None) -> t.Dict[str, str]:
@@ -337,7 +345,7 @@ class Daemon:
             self.client.timeout = self.stop_timeout + self.start_timeout
             self.query(['quit -t %d' % self.stop_timeout])
         except DaemonNotRunningError:
-            return False
+            pass  # its socket is gone; the process may still be on its way out
         except (ControlBinaryError, ControlCommandError) as exc:
             failure = exc
         finally:

@@ -3,9 +3,10 @@
 """The ``gpufleet-mps@.service`` template unit, its per-instance environment files, and systemctl.
 
 The daemon is ``Type=forking`` (``-d`` returns once it listens) with its pid file named in a
-per-instance drop-in, since the pipe directory is per resource. ``quit``'s UI exit status is
-undocumented (a session the daemon drops as it exits may end non-zero): ``ExecStop=-`` lets systemd judge
-the stop by the daemon's exit, not by the UI's status.
+per-instance drop-in, since the pipe directory is per resource. ``quit -t`` is synchronous: it returns
+once the servers and clients are gone and the daemon exits. Its UI exit status is undocumented (a session
+the daemon drops as it exits may end non-zero), so ``ExecStop=-`` keeps that status from marking the unit
+failed; what is still running after it, systemd ends as for any service.
 
 Every reply of the limit replay (``ExecStartPost=``) is checked, since the UI exits 0 even when the
 daemon rejects a command: a percentage setter must echo the value and a memory setter print nothing;
@@ -19,6 +20,7 @@ control UI, so a host boots into a working MPS even when Python or the collectio
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import typing as t
 
@@ -48,6 +50,10 @@ Documentation=https://github.com/gpufleet/mps
 After=nvidia-persistenced.service
 Wants=nvidia-persistenced.service
 ConditionPathExists={config_dir}/%i.env
+# A daemon that keeps failing to start (a limit its driver rejects, a broken binary) stops being restarted
+# after five tries in a minute, instead of flapping the GPUs' compute mode for ever.
+StartLimitIntervalSec=60
+StartLimitBurst=5
 
 [Service]
 Type=forking
@@ -90,16 +96,21 @@ PIDFile={pid_file}
 """
 
 
-def _unit_path(path: str) -> str:
-    """A path as a unit file may carry it, or a refusal: no spaces, quotes, specifiers or escapes to misread."""
-    if any(char.isspace() or char in '%\\"\'' for char in path):
-        raise MpsError('refusing to write %r into a systemd drop-in: use a root without spaces, quotes, "%%" or "\\"' % path)
-    return path
+def _unit_path(path: str, in_list: bool = False) -> str:
+    """A path as a unit file carries it (``%`` doubled: a specifier otherwise), or a refusal for what it cannot carry.
+
+    Settings that take a space-separated list (``BindPaths=``, ``RequiresMountsFor=``) carry neither a space nor,
+    to stay on the safe side of their own escaping, a ``%``.
+    """
+    if any(char in path for char in '\n\r\0"\'\\') or (in_list and any(char.isspace() or char == '%' for char in path)):
+        raise MpsError('refusing to write %r into a systemd drop-in: use a root without %squotes or "\\"' % (
+            path, 'spaces, "%", ' if in_list else 'newlines, '))
+    return path.replace('%', '%%')
 
 
 def render_shm_dropin(shm_dir: str) -> str:
     """The per-instance drop-in that gives the daemon ``shm_dir`` as /dev/shm."""
-    return SHM_DROPIN_TEMPLATE.format(shm_dir=_unit_path(shm_dir))
+    return SHM_DROPIN_TEMPLATE.format(shm_dir=_unit_path(shm_dir, in_list=True))
 
 
 def render_pidfile_dropin(pid_file: str) -> str:
@@ -169,9 +180,10 @@ def systemd_is_pid1() -> bool:
 class Systemctl:
     """``systemctl`` for the template unit's instances."""
 
-    def __init__(self, binary: str = SYSTEMCTL, timeout: float = 120) -> None:
+    def __init__(self, binary: str = SYSTEMCTL, timeout: float = 120, journalctl: t.Optional[str] = None) -> None:
         self.binary = binary
         self.timeout = timeout
+        self.journalctl = journalctl
 
     def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         try:
@@ -197,13 +209,35 @@ class Systemctl:
         return int(out) if out.isdigit() and int(out) > 0 else None
 
     def start(self, unit: str) -> None:
-        self._run('start', unit)
+        self._starting('start', unit)
 
     def stop(self, unit: str) -> None:
         self._run('stop', unit)
 
     def restart(self, unit: str) -> None:
-        self._run('restart', unit)
+        self._starting('restart', unit)
+
+    def _starting(self, verb: str, unit: str) -> None:
+        """Start or restart; a failure carries the unit's last journal lines (the daemon's refusal is there)."""
+        try:
+            self._run(verb, unit)
+        except MpsError as exc:
+            tail = self.journal_tail(unit)
+            if not tail:
+                raise
+            raise MpsError('%s; the journal of %s ends with: %s' % (exc.msg, unit, ' | '.join(tail)), **exc.details) from exc
+
+    def journal_tail(self, unit: str, lines: int = 5) -> t.List[str]:
+        """The last lines the unit logged; empty when journalctl is missing or says nothing."""
+        journalctl = self.journalctl or shutil.which('journalctl')
+        if not journalctl:
+            return []
+        try:
+            proc = subprocess.run([journalctl, '--unit=%s' % unit, '--lines=%d' % lines, '--output=cat', '--no-pager'],
+                                  capture_output=True, text=True, timeout=self.timeout, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return []
+        return [line.strip() for line in proc.stdout.splitlines() if line.strip()][-lines:]
 
     def enable(self, unit: str) -> None:
         self._run('enable', unit)

@@ -13,7 +13,9 @@ import pytest
 from ansible_collections.gpufleet.mps.plugins.module_utils import _proc
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource import lock as _lock
 from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor import process as _daemon
-from ansible_collections.gpufleet.mps.plugins.module_utils._errors import ControlBinaryError, DaemonTimeoutError, ReplayRejectedError
+from ansible_collections.gpufleet.mps.plugins.module_utils._errors import (
+    ControlBinaryError, DaemonNotRunningError, DaemonTimeoutError, ReplayRejectedError,
+)
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import resource_paths
 
 
@@ -251,3 +253,46 @@ def test_a_replay_the_daemon_accepts_is_one_session(paths):
     daemon.client = _Replayer()
     replies = daemon.wait_ready(['set_default_device_pinned_mem_limit 0 2048M'])
     assert [reply.text for reply in replies] == ['', '100.0'] and daemon.client.processes == 1
+
+
+def test_a_daemon_whose_listen_backlog_is_full_still_answers(paths):
+    # A hung daemon accepts nothing; once its backlog is full a connect fails at once with EAGAIN.
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sock.bind(paths.control_socket)
+    sock.listen(0)
+    waiting = []
+    try:
+        for _attempt in range(3):
+            waiting.append(socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET))
+            waiting[-1].setblocking(False)
+            try:
+                waiting[-1].connect(paths.control_socket)
+            except BlockingIOError:
+                pass
+        assert _daemon.socket_answers(paths.control_socket, timeout=0.2) is True
+    finally:
+        for other in waiting:
+            other.close()
+        sock.close()
+
+
+class _Gone(_Sleeper):
+    """The UI says no daemon answers while the process is still on its way out."""
+
+    def batch(self, commands):
+        raise DaemonNotRunningError('no MPS control daemon answers')
+
+
+def test_no_daemon_from_the_ui_still_waits_for_the_process_to_exit(paths):
+    proc = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])
+    slept = []
+
+    def sleep(seconds):
+        slept.append(seconds)
+        proc.kill()
+        proc.wait()
+
+    daemon = _daemon.Daemon(paths, '/bin/true', start_timeout=5, stop_timeout=0, sleep=sleep)
+    daemon.client = _Gone(proc)
+    assert daemon.stop(proc.pid) is False
+    assert slept, 'stop() returned while the daemon process was still alive'

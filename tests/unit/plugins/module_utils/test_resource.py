@@ -3,12 +3,14 @@
 """ResourceManager's decisions that need no daemon: what forces a restart of a systemd-supervised one."""
 from __future__ import annotations
 
+import os
 import types
 
 import pytest
 
 from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.process import DaemonState
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import InvalidParameterError
+from ansible_collections.gpufleet.mps.plugins.module_utils._daemon import manager as _manager
 from ansible_collections.gpufleet.mps.plugins.module_utils._daemon.manager import Outcome, ResourceManager, Wanted
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import config_paths, resource_paths
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource.record import StartRecord
@@ -163,3 +165,18 @@ def test_a_systemd_root_that_a_drop_in_cannot_carry_is_refused_before_anything_i
     with pytest.raises(InvalidParameterError, match='^root: .* cannot be written into a systemd unit'):
         manager._ensure_running('started', wanted, RUNNING, _record(_wanted()), Outcome())
     assert daemon.stopped == []
+
+
+def test_a_directory_planned_empty_that_is_not_any_more_is_kept(tmp_path):
+    (tmp_path / 'd').mkdir()
+    (tmp_path / 'd' / 'late').write_text('')
+    _manager._rmdir_if_empty(str(tmp_path / 'd'))
+    assert (tmp_path / 'd' / 'late').exists()
+    _manager._rmdir_if_empty(str(tmp_path / 'gone'))  # already gone: nothing to do
+
+
+def test_a_mount_point_is_never_removed_by_absent(manager, monkeypatch):
+    os.makedirs(manager.paths.pipe_dir)
+    monkeypatch.setattr(_manager.os.path, 'ismount', lambda path: path == manager.paths.pipe_dir)
+    out = Outcome()
+    assert manager._remove(manager.paths.pipe_dir, out) is False and out.actions == []

@@ -111,3 +111,10 @@ def test_log_modes_with_all_owner_bits_and_no_write_for_others_are_accepted(valu
 def test_bad_log_modes_fail_naming_the_parameter_and_the_valid_form(value):
     with pytest.raises(InvalidParameterError, match=r'^log_mode: must be an octal mode string such as "0700"'):
         validate_log_mode(value)
+
+
+def test_a_pipe_dir_an_older_version_accepted_can_still_be_addressed_to_take_it_down():
+    root = '/' + 'x' * (95 - len('/r/pipe') - 1)
+    with pytest.raises(InvalidParameterError):
+        resource_paths(root, 'r')
+    assert len(resource_paths(root, 'r', check_length=False).pipe_dir) == 95

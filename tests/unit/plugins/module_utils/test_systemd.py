@@ -35,12 +35,16 @@ def test_env_file_is_sorted_and_refuses_values_that_could_break_out():
 def test_the_pidfile_dropin_names_the_daemons_pid_file_and_refuses_what_a_unit_file_would_misread():
     dropin = _systemd.render_pidfile_dropin('/run/nvidia/mps/train/pipe/nvidia-cuda-mps-control.pid')
     assert '[Service]\nPIDFile=/run/nvidia/mps/train/pipe/nvidia-cuda-mps-control.pid\n' in dropin
-    for bad in ('/a b/pipe/x.pid', '/a%i/pipe/x.pid', '/a"b/x.pid', '/a\\b/x.pid'):
+    # A root that worked before the drop-in keeps working: spaces are one path, "%" is doubled (not a specifier).
+    assert 'PIDFile=/a b/50%%/pipe/x.pid\n' in _systemd.render_pidfile_dropin('/a b/50%/pipe/x.pid')
+    for bad in ('/a"b/x.pid', '/a\\b/x.pid', '/a\nb/x.pid'):
         with pytest.raises(MpsError, match='refusing to write'):
             _systemd.render_pidfile_dropin(bad)
+    with pytest.raises(MpsError, match='without spaces'):
+        _systemd.render_shm_dropin('/a b/shm')  # BindPaths= is a space-separated list
 
 
-@pytest.mark.parametrize('with_pidfile', [False, True])
+@pytest.mark.parametrize('with_pidfile', [False, True, 'a b%'])
 @pytest.mark.skipif(shutil.which('systemd-analyze') is None, reason='systemd-analyze not installed')
 def test_rendered_unit_passes_systemd_analyze_verify_without_any_message(tmp_path, with_pidfile):
     config_dir = tmp_path / 'etc'
@@ -57,7 +61,8 @@ def test_rendered_unit_passes_systemd_analyze_verify_without_any_message(tmp_pat
     if with_pidfile:
         dropin_dir = unit_dir / 'gpufleet-mps@train.service.d'
         dropin_dir.mkdir()
-        (dropin_dir / _systemd.PIDFILE_DROPIN).write_text(_systemd.render_pidfile_dropin(str(tmp_path / 'pipe' / 'nvidia-cuda-mps-control.pid')))
+        pipe = tmp_path / (with_pidfile if isinstance(with_pidfile, str) else 'pipe')
+        (dropin_dir / _systemd.PIDFILE_DROPIN).write_text(_systemd.render_pidfile_dropin(str(pipe / 'nvidia-cuda-mps-control.pid')))
     proc = subprocess.run(['systemd-analyze', 'verify', '--man=no', str(unit_dir / 'gpufleet-mps@train.service')],
                           capture_output=True, text=True, check=False,
                           env=dict(os.environ, SYSTEMD_UNIT_PATH='%s:' % unit_dir, SYSTEMD_LOG_LEVEL='notice'))
@@ -130,3 +135,18 @@ def test_the_units_limit_replay_fails_when_the_ui_cannot_reach_the_daemon(tmp_pa
     proc = subprocess.run(['/bin/sh', '-c', script], capture_output=True, text=True, check=False,
                           env={'PATH': os.environ['PATH'], 'MPS_LIMITS_FILE': str(limits), 'MPS_CONTROL': str(control)})
     assert proc.returncode == 1 and 'Cannot find MPS control daemon process' in proc.stderr
+
+
+def test_a_unit_that_fails_to_start_says_what_its_journal_ends_with(tmp_path):
+    systemctl = tmp_path / 'systemctl'
+    systemctl.write_text('#!/bin/sh\necho "Job for $2 failed because the control process exited with error code." >&2\nexit 1\n')
+    journalctl = tmp_path / 'journalctl'
+    journalctl.write_text('#!/bin/sh\necho "Starting NVIDIA CUDA MPS control daemon..."\n'
+                          'echo "gpufleet-mps: the daemon rejected a limit of /etc/gpufleet-mps/train.limits: Invalid value: 250"\n')
+    for script in (systemctl, journalctl):
+        script.chmod(0o755)
+    with pytest.raises(MpsError) as excinfo:
+        _systemd.Systemctl(str(systemctl), journalctl=str(journalctl)).start('gpufleet-mps@train.service')
+    assert 'control process exited with error code' in excinfo.value.msg
+    assert 'the journal of gpufleet-mps@train.service ends with: ' in excinfo.value.msg
+    assert 'rejected a limit of /etc/gpufleet-mps/train.limits: Invalid value: 250' in excinfo.value.msg
