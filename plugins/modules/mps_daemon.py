@@ -47,6 +47,29 @@ options:
     type: str
     choices: [started, stopped, restarted, absent]
     default: started
+  busy:
+    description:
+      - What to do when the daemon must stop - a restart (a change of O(devices), O(multiuser), O(shm), O(supervisor), of
+        the values its systemd environment file starts it with, or O(state=restarted)), O(state=stopped) or
+        O(state=absent) - while clients are connected to its servers. The clients are read from the daemon
+        (C(get_server_list), C(get_client_list)), in the same run, before anything is changed.
+      - V(refuse) fails the task before anything is done, naming each client's pid, uid and server, and leaves the
+        daemon and its clients alone. Check mode fails the same way, so a preview shows which jobs a change would end.
+      - V(wait) waits up to O(busy_timeout) seconds for the clients to leave, then goes on; if they have not left, the
+        task fails and nothing is stopped.
+      - V(terminate) goes on at once; C(quit -t) O(stop_timeout) ends the clients that are still connected then
+        (they get C(CUDA_ERROR_MPS_CLIENT_TERMINATED)). The clients are named in a warning and in RV(clients).
+      - A daemon with no client is stopped or restarted at once, whatever this option says.
+    type: str
+    choices: [refuse, wait, terminate]
+    default: refuse
+    version_added: 0.2.0
+  busy_timeout:
+    description:
+      - With O(busy=wait), how many seconds to wait for the connected clients to leave.
+    type: int
+    default: 600
+    version_added: 0.2.0
   remove_logs:
     description:
       - With O(state=absent), also remove the daemon's C(control.log) and C(server.log), and the log directory when it
@@ -223,6 +246,16 @@ forced:
   returned: always
   type: bool
   sample: false
+clients:
+  description:
+    - The clients that were connected when the daemon had to stop (see O(busy)) - ended with O(busy=terminate), waited
+      for with O(busy=wait) - each with its C(pid), C(uid) (null when unknown) and the C(server) it was on. Empty when the
+      daemon was not stopped or had no client.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{pid: 4312, uid: 1000, server: 4288}]
+  version_added: 0.2.0
 container:
   description:
     - What a client in a container needs, in the device plugin's layout - bind mounts from host paths to container
@@ -258,7 +291,7 @@ actions:
   sample: ['set compute mode EXCLUSIVE_PROCESS on GPU 0 (GPU-6a2b5c1e-5f0e-4e9b-9a55-1c7f2a1b0c01)', 'start the MPS control daemon']
 '''
 
-from ansible_collections.gpufleet.mps.plugins.module_utils._daemon.manager import DaemonSetup
+from ansible_collections.gpufleet.mps.plugins.module_utils._daemon.manager import BUSY_CHOICES, DEFAULT_BUSY_TIMEOUT, DaemonSetup
 from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import ENUMERATION_WARNING, Nvml
 from ansible_collections.gpufleet.mps.plugins.module_utils._module import common_argument_spec, control_binary, finish, run_module
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import DEFAULT_CONTAINER_ROOT, DEFAULT_LOG_MODE
@@ -270,6 +303,8 @@ def argument_spec():
         name=dict(type='str', required=True),
         state=dict(type='str', choices=['started', 'stopped', 'restarted', 'absent'], default='started'),
         remove_logs=dict(type='bool', default=False),
+        busy=dict(type='str', choices=list(BUSY_CHOICES), default='refuse'),
+        busy_timeout=dict(type='int', default=DEFAULT_BUSY_TIMEOUT),
         devices=dict(type='raw', default='all'),
         compute_mode=dict(type='str', choices=['exclusive_process', 'default', 'unchanged'], default='exclusive_process'),
         multiuser=dict(type='bool', default=False),
@@ -305,6 +340,7 @@ def run(module):
         supervisor=setup.supervisor,
         started_at=outcome.started_at if running else None,
         forced=outcome.forced,
+        clients=outcome.clients,
     )
 
 

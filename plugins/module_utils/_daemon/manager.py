@@ -14,6 +14,7 @@ import errno
 import os
 import shutil
 import stat
+import time
 import typing as t
 from dataclasses import dataclass, field
 
@@ -21,7 +22,8 @@ from .._errors import DeviceSelectionError, InvalidParameterError, MpsError
 from .._gpus import Gpu, Nvml, resolve_devices
 from .._outcome import Outcome
 from .._io import atomic_write, ensure_dir, read_text, refuse_unsafe_dirs, remove, untraversable_parents
-from .._proc import daemon_dev_shm
+from .._proc import child_pids, daemon_dev_shm, process_uid
+from .._protocol.state import read_state
 from .._resource.layout import ConfigPaths, ResourcePaths, config_paths, container_view, managed_dirs, resource_paths, validate_log_mode
 from .._resource.lock import RESOURCE_LOCK
 from .._resource.record import StartRecord, read_record, write_record
@@ -47,6 +49,9 @@ from .._supervisor.unit import (
 )
 
 COMPUTE_MODE_CHOICES = ('exclusive_process', 'default', 'unchanged')
+BUSY_CHOICES = ('refuse', 'wait', 'terminate')
+DEFAULT_BUSY_TIMEOUT = 600
+BUSY_POLL = 0.5
 
 
 @dataclass
@@ -77,6 +82,8 @@ class DaemonOutcome(Outcome):
     started_at: t.Optional[str] = None
     devices: t.List[t.Dict[str, t.Any]] = field(default_factory=list)
     forced: bool = False
+    # The clients connected when the daemon had to stop: ended (busy=terminate) or waited for (busy=wait).
+    clients: t.List[t.Dict[str, t.Any]] = field(default_factory=list)
 
 
 def _now() -> str:
@@ -108,6 +115,9 @@ class ResourceManager:
         self._lock_existed = False
         self._unit_stop_planned = False
         self._disable_planned = False
+        # What to do about clients connected to a daemon that must stop (a restart, a stop, absent).
+        self.busy = 'refuse'
+        self.busy_timeout = DEFAULT_BUSY_TIMEOUT
 
     # --- reading -------------------------------------------------------------------------------
     def record(self) -> t.Optional[StartRecord]:
@@ -266,6 +276,45 @@ class ResourceManager:
             systemctl = self.systemctl
             out.act('%s %s' % ('enable' if enabled else 'disable', self.unit),
                     lambda: (systemctl.enable if enabled else systemctl.disable)(self.unit))
+
+    def connected_clients(self, pid: t.Optional[int]) -> t.List[t.Dict[str, t.Any]]:
+        """The clients of the daemon's servers, as the daemon lists them (one UI process)."""
+        readout = read_state(self.daemon.query, 0, child_pids(pid) if pid else [])
+        return [{'pid': client, 'uid': process_uid(client), 'server': server.pid}
+                for server in readout.servers for client in server.clients]
+
+    def _plan_busy(self, current: DaemonState, out: Outcome, change: str) -> None:
+        """Connected clients would be ended by this stop: refuse (the default), wait for them, or go on and end them."""
+        clients = self.connected_clients(current.pid)
+        if not clients:
+            return
+        if isinstance(out, DaemonOutcome):
+            out.clients = clients
+        named = ', '.join('pid %d (uid %s) on server %d' % (client['pid'], client['uid'], client['server']) for client in clients)
+        if self.busy == 'refuse':
+            raise MpsError('busy: %s of the MPS control daemon for %s (pid %s) would end its %d connected client(s) - %s; '
+                           'nothing was done. Set busy=wait to wait up to busy_timeout seconds for them to leave, or '
+                           'busy=terminate to end them' % (change, self.paths.name, current.pid, len(clients), named),
+                           clients=clients)
+        if self.busy == 'wait':
+            out.act('wait up to %ds for %d connected client(s) to leave - %s' % (self.busy_timeout, len(clients), named),
+                    lambda: self._wait_idle(current.pid, change))
+        else:
+            out.warnings.append('%s of the MPS control daemon for %s ends its %d connected client(s) (busy=terminate) - %s' % (
+                change, self.paths.name, len(clients), named))
+
+    def _wait_idle(self, pid: t.Optional[int], change: str) -> None:
+        deadline = time.monotonic() + self.busy_timeout
+        while True:
+            clients = self.connected_clients(pid)
+            if not clients:
+                return
+            if time.monotonic() >= deadline:
+                raise MpsError('busy: the MPS control daemon for %s (pid %s) still has %d connected client(s) after %ds - %s; '
+                               'the %s was not done (busy=wait)' % (
+                                   self.paths.name, pid, len(clients), self.busy_timeout,
+                                   ', '.join('pid %d' % client['pid'] for client in clients), change), clients=clients)
+            self.daemon.sleep(BUSY_POLL)
 
     def _stop_process(self, state: DaemonState, record: t.Optional[StartRecord], out: Outcome) -> None:
         """Stop the running daemon through whoever supervises it."""
@@ -434,6 +483,7 @@ class ResourceManager:
 
     def _ensure_stopped(self, current: DaemonState, record: t.Optional[StartRecord], out: Outcome) -> None:
         if current.running:
+            self._plan_busy(current, out, 'the stop')
             self._stop(current, record, out)
         elif current.stale:
             out.warnings.append('the MPS control daemon for %s was not running but left files behind (%s); cleaned up' % (
@@ -480,7 +530,9 @@ class ResourceManager:
             out.started_at = record.started_at
             return
         if current.running:
-            out.act('restart: %s' % ('; '.join(differences) if differences else 'state=restarted'))
+            why = '; '.join(differences) if differences else 'state=restarted'
+            self._plan_busy(current, out, 'the restart (%s)' % why)
+            out.act('restart: %s' % why)
             handover = record is not None and (record.supervisor or wanted.supervisor) != wanted.supervisor
             if wanted.supervisor == 'systemd' and not handover:
                 self._start(wanted, out, restart=True)
@@ -568,13 +620,17 @@ class DaemonSetup:
     supervisor: str
     systemctl: t.Optional[Systemctl]
     nvidia_smi: t.Optional[str]
+    busy: str = 'refuse'
+    busy_timeout: int = DEFAULT_BUSY_TIMEOUT
 
     @classmethod
     def from_params(cls, params: t.Mapping[str, t.Any], binary: t.Callable[[t.Optional[str]], str]) -> 'DaemonSetup':
         """Refuse bad input, naming the option, before anything is touched; pick the supervisor."""
-        for timeout in ('start_timeout', 'stop_timeout'):
-            if params[timeout] < 0 or (timeout == 'start_timeout' and params[timeout] == 0):
+        for timeout in ('start_timeout', 'stop_timeout', 'busy_timeout'):
+            if params[timeout] < 0 or (timeout != 'stop_timeout' and params[timeout] == 0):
                 raise InvalidParameterError(timeout, 'must be a positive number of seconds, got %d' % params[timeout])
+        if params['busy'] not in BUSY_CHOICES:
+            raise InvalidParameterError('busy', 'must be one of %s' % ', '.join(BUSY_CHOICES))
         devices = params['devices']
         if not (devices == 'all' or isinstance(devices, list)):
             raise InvalidParameterError('devices', 'must be "all" or a list of GPU indices, UUIDs or unique UUID prefixes')
@@ -606,8 +662,10 @@ class DaemonSetup:
             systemctl = Systemctl(systemctl_path)
         daemon = Daemon(paths, control, start_timeout=params['start_timeout'], stop_timeout=params['stop_timeout'],
                         log_mode=log_mode, shm_dir=paths.shm_dir if params['shm'] else None)
-        return cls(paths, config, container, daemon, supervisor, systemctl, nvidia_smi)
+        return cls(paths, config, container, daemon, supervisor, systemctl, nvidia_smi, params['busy'], params['busy_timeout'])
 
     def manager(self, nvml: Nvml, check_mode: bool) -> ResourceManager:
-        return ResourceManager(self.paths, self.config, self.daemon, nvml, self.supervisor, check_mode,
-                               systemctl=self.systemctl, nvidia_smi=self.nvidia_smi)
+        manager = ResourceManager(self.paths, self.config, self.daemon, nvml, self.supervisor, check_mode,
+                                  systemctl=self.systemctl, nvidia_smi=self.nvidia_smi)
+        manager.busy, manager.busy_timeout = self.busy, self.busy_timeout
+        return manager

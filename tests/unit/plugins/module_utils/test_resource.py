@@ -180,3 +180,30 @@ def test_a_mount_point_is_never_removed_by_absent(manager, monkeypatch):
     monkeypatch.setattr(_manager.os.path, 'ismount', lambda path: path == manager.paths.pipe_dir)
     out = Outcome()
     assert manager._remove(manager.paths.pipe_dir, out) is False and out.actions == []
+
+
+@pytest.mark.parametrize('busy', ['refuse', 'wait', 'terminate'])
+def test_a_daemon_with_clients_is_refused_waited_for_or_ended_as_busy_says(manager, monkeypatch, busy):
+    clients = [{'pid': 41, 'uid': 1000, 'server': 7}]
+    monkeypatch.setattr(manager, 'connected_clients', lambda pid: clients)
+    manager.busy = busy
+    out = _manager.DaemonOutcome()
+    if busy == 'refuse':
+        with pytest.raises(_manager.MpsError, match=r'^busy: the stop .* would end its 1 connected client\(s\) - pid 41 '
+                                                    r'\(uid 1000\) on server 7; nothing was done\. Set busy=wait'):
+            manager._plan_busy(RUNNING, out, 'the stop')
+        return
+    manager._plan_busy(RUNNING, out, 'the stop')
+    assert out.clients == clients
+    if busy == 'wait':
+        assert out.actions == ['wait up to 600s for 1 connected client(s) to leave - pid 41 (uid 1000) on server 7']
+        assert len(out.steps) == 1
+    else:
+        assert out.actions == [] and out.warnings[0].endswith('(busy=terminate) - pid 41 (uid 1000) on server 7')
+
+
+def test_a_daemon_without_clients_stops_whatever_busy_says(manager, monkeypatch):
+    monkeypatch.setattr(manager, 'connected_clients', lambda pid: [])
+    out = _manager.DaemonOutcome()
+    manager._plan_busy(RUNNING, out, 'the stop')
+    assert out.actions == [] and out.warnings == [] and not out.changed
