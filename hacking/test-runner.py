@@ -17,6 +17,9 @@ WORK/sims/<host>, then runs these jobs and checks their artifacts (``artifacts/<
              no host changes - batch 2 gets no event and not one of its files changes
   roll       roll.yml with the host_vars fixed: successful, two batches in inventory order, every host
              changed, and a client of each daemon gets the new limits
+  roll-busy  roll.yml (mps_busy: wait) with multi-user servers for the fleet - a restart of every daemon -
+             while a client holds BUSY_HOST's daemon for a few seconds: successful, BUSY_HOST's restart
+             waited for that client, which left by itself (not ended), and every daemon was restarted
   teardown   site.yml with mps_state=absent (always, also after a failure): successful
 
 Finally no simulated MPS process of this run may be left (found by this checkout's simulator path
@@ -36,6 +39,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -49,6 +53,9 @@ BAD_HOST = 'a100'
 RUNNER = shutil.which('ansible-runner', path=os.path.dirname(sys.executable)) or 'ansible-runner'
 # The roll gives every host this many clients per GPU: 100 / 2 = 50 % of the threads each.
 ROLL_REPLICAS = 2
+# The host of batch 1 whose daemon a job holds while the busy roll restarts it, and for how long.
+BUSY_HOST = 'h100'
+BUSY_SECONDS = 12
 
 
 class CheckFailed(Exception):
@@ -171,6 +178,18 @@ def snapshot(work: str, host: str, *, skip_logs: bool) -> dict[str, str]:
     return files
 
 
+def hold_client(work: str, host: str, seconds: float) -> subprocess.Popen:
+    """A client of the host's daemon that stays connected for ``seconds``, then leaves by itself."""
+    proc = subprocess.Popen(  # pylint: disable=consider-using-with
+        [os.path.join(work, 'sims', host, 'host', 'bin', 'mps-sim-client')], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+        env={**os.environ, 'CUDA_MPS_PIPE_DIRECTORY': os.path.join(work, 'sims', host, 'root', 'nvidia.com', 'gpu', 'pipe')})
+    first = json.loads(proc.stdout.readline() or '{}')
+    check(first.get('ok') is True, f'{host}: the held client did not connect: {first}')
+    threading.Timer(seconds, proc.stdin.close).start()
+    return proc
+
+
 def client_limits(work: str, host: str) -> dict:
     """What a CUDA client of the host's daemon is given (the simulator's client helper)."""
     result = subprocess.run(
@@ -283,6 +302,27 @@ def test_jobs(work: str) -> list[Job]:
         check(got['active_thread_percentage'] == 100.0 / ROLL_REPLICAS,
               f'roll: a client on {host} got {got["active_thread_percentage"]}% of the threads, '
               f'expected {100.0 / ROLL_REPLICAS}%')
+
+    # A change that restarts every daemon, rolled while a job holds one of them: that host's batch waits.
+    set_extravars(work, fleet_replicas=ROLL_REPLICAS, fleet_multiuser=True)
+    held = hold_client(work, BUSY_HOST, BUSY_SECONDS)
+    try:
+        busy = runner(work, 'roll.yml', 'roll-busy')
+    finally:
+        held.wait(timeout=60)  # its stdin is the timer's to close
+        rest, errors = held.stdout.read(), held.stderr.read()
+    jobs.append(busy)
+    busy.expect_successful()
+    check(held.returncode == 0 and not rest.strip(),
+          f'roll-busy: the held client was ended (exit {held.returncode}): {rest.strip()} {errors.strip()}')
+    waited = [action for event in busy.of('runner_on_ok', BUSY_HOST)
+              for res in [event['event_data'].get('res', {})] + event['event_data'].get('res', {}).get('results', [])
+              for action in res.get('actions', []) if action.startswith('wait up to')]
+    check(len(waited) == 1 and '1 connected client' in waited[0],
+          f'roll-busy: {BUSY_HOST} did not wait for its client: {waited}')
+    check(busy.seconds >= BUSY_SECONDS - 1, f'roll-busy: the roll took {busy.seconds:.1f}s, less than the client held it')
+    for host in HOSTS:
+        check(busy.stats['changed'].get(host, 0) > 0, f'roll-busy: the daemon of {host} was not restarted')
     return jobs
 
 
