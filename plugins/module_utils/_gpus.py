@@ -267,3 +267,34 @@ def _resolve_one(selector: t.Union[str, int], gpus: t.Sequence[Gpu], param: str)
         raise DeviceSelectionError('%s: %r is ambiguous: it is a prefix of %s' % (
             param, text, ', '.join('%s (GPU %d)' % (gpu.uuid, gpu.index) for gpu in matches)))
     return matches[0]
+
+
+def visible_gpus(value: t.Optional[str], gpus: t.Sequence[Gpu]) -> t.List[Gpu]:
+    """The GPUs a process with ``CUDA_VISIBLE_DEVICES=value`` uses, as CUDA reads the variable.
+
+    Unset (None) is every GPU; each comma-separated item is an index, a UUID or a unique UUID prefix, and
+    CUDA stops at the first item that names no GPU (the devices after it are not visible). An index is
+    taken as NVML's: CUDA numbers fastest first unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, which differs
+    from NVML's PCI order only on a host with mixed GPU models. A MIG device (``MIG-...``) is not a
+    whole GPU and counts as none.
+    """
+    if value is None:
+        return list(gpus)
+    chosen: t.List[Gpu] = []
+    for item in value.split(','):
+        text = item.strip()
+        if text.isdigit():
+            found = [gpu for gpu in gpus if gpu.index == int(text)]
+        elif _UUID_PREFIX.fullmatch(text):
+            found = [gpu for gpu in gpus if gpu.uuid.lower().startswith(text.lower())]
+            exact = [gpu for gpu in found if gpu.uuid.lower() == text.lower()]
+            found = exact or found
+        elif text.startswith('MIG-'):
+            continue
+        else:
+            found = []
+        if len(found) != 1:
+            break
+        if found[0] not in chosen:
+            chosen.append(found[0])
+    return chosen

@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import os
 import typing as t
+from dataclasses import dataclass
 
 
 def pid_alive(pid: int) -> bool:
+    """The process exists and has not exited (a zombie, which keeps its name until reaped, is dead)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    return True
+        pass
+    return not is_zombie(pid)
 
 
 def lock_holders(path: str, proc_locks: str = '/proc/locks') -> t.Optional[t.List[int]]:
@@ -78,11 +80,14 @@ def environ_of(pid: int) -> t.Optional[t.Dict[str, str]]:
     """The environment a process was started with, None when unreadable."""
     try:
         with open('/proc/%d/environ' % pid, 'rb') as handle:
-            entries = handle.read().split(b'\0')
+            return _parse_environ(handle.read())
     except OSError:
         return None
+
+
+def _parse_environ(data: bytes) -> t.Dict[str, str]:
     env = {}
-    for entry in entries:
+    for entry in data.split(b'\0'):
         name, sep, value = entry.partition(b'=')
         if sep:
             env[name.decode('utf-8', 'replace')] = value.decode('utf-8', 'replace')
@@ -167,6 +172,72 @@ def uuids_from_environ(pid: int) -> t.Optional[t.List[str]]:
     if env is None or 'CUDA_VISIBLE_DEVICES' not in env:
         return None
     return [item.strip() for item in env['CUDA_VISIBLE_DEVICES'].split(',') if item.strip()]
+
+
+# comm of the control daemon, its servers and the control UI alike: each name cut to 15 bytes.
+MPS_COMM = 'nvidia-cuda-mps'
+# The arguments that make nvidia-cuda-mps-control a daemon rather than the control UI.
+DAEMON_FLAGS = ('-d', '-f')
+
+
+@dataclass
+class ControlProcess:
+    """An MPS control daemon found among the host's processes, as /proc shows it."""
+
+    pid: int
+    # Its environment (CUDA_MPS_PIPE_DIRECTORY, CUDA_VISIBLE_DEVICES); None when another user's and unreadable.
+    environ: t.Optional[t.Dict[str, str]]
+    uid: t.Optional[int]
+
+    def pipe_dir(self, default: str) -> t.Optional[str]:
+        """Its pipe directory as it names it (a path in its own mount namespace); None when unknowable."""
+        if self.environ is None:
+            return None
+        return os.path.normpath(self.environ.get('CUDA_MPS_PIPE_DIRECTORY') or default)
+
+    @property
+    def visible_devices(self) -> t.Optional[str]:
+        """``CUDA_VISIBLE_DEVICES`` as set (None: unset - every GPU - or unreadable)."""
+        return None if self.environ is None else self.environ.get('CUDA_VISIBLE_DEVICES')
+
+
+def control_daemons(proc: str = '/proc') -> t.List[ControlProcess]:
+    """Every MPS control daemon running on the host (any root, any tool, any pid namespace the host sees).
+
+    A control daemon is a process named ``nvidia-cuda-mps`` whose arguments hold ``-d`` or ``-f``: the
+    servers (``nvidia-cuda-mps-server``) and the control UI have the same comm but neither flag.
+    """
+    found = []
+    try:
+        entries = os.listdir(proc)
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        base = '%s/%s' % (proc, entry)
+        try:
+            with open(base + '/comm', encoding='utf-8', errors='replace') as handle:
+                if handle.read().strip() != MPS_COMM:
+                    continue
+            with open(base + '/cmdline', 'rb') as handle:
+                argv = [arg.decode('utf-8', 'replace') for arg in handle.read().split(b'\0') if arg]
+        except OSError:
+            continue  # gone meanwhile
+        if not argv or os.path.basename(argv[0]).startswith('nvidia-cuda-mps-server') or not any(
+                arg in DAEMON_FLAGS for arg in argv[1:]):
+            continue
+        pid = int(entry)
+        found.append(ControlProcess(pid, _environ_at(base), process_uid(pid, proc)))
+    return sorted(found, key=lambda daemon: daemon.pid)
+
+
+def _environ_at(base: str) -> t.Optional[t.Dict[str, str]]:
+    try:
+        with open(base + '/environ', 'rb') as handle:
+            return _parse_environ(handle.read())
+    except OSError:
+        return None
 
 
 MOUNTINFO = '/proc/self/mountinfo'

@@ -12,6 +12,10 @@ description:
     group of GPUs - under a root directory laid out like NVIDIA's Kubernetes device plugin
     (C(<root>/<name>/pipe), C(<root>/<name>/log), C(<root>/<name>/.started)).
   - Each daemon sees only its own GPUs (C(CUDA_VISIBLE_DEVICES) by UUID); a GPU can belong to one daemon under a root.
+  - A GPU that any other MPS control daemon on the host serves - under another O(root), started by hand, NVIDIA's
+    device plugin's - is never taken (the start fails naming that daemon's pid and pipe directory), nor has its compute
+    mode reset when this daemon stops. Daemons are found among the host's processes (C(nvidia-cuda-mps-control -d)
+    or C(-f)) by their C(CUDA_MPS_PIPE_DIRECTORY) and C(CUDA_VISIBLE_DEVICES); reading another user's needs root.
   - A running daemon that answers and was started with the wanted devices, multi-user flag and supervisor is left
     alone at the cost of one control UI process and one NVML initialisation. Anything else is restarted, and the diff
     says what differed. A dead daemon's leftover files are cleaned up and the daemon started again, with a warning.
@@ -94,7 +98,9 @@ options:
     default: exclusive_process
   multiuser:
     description:
-      - Start the daemon with C(-multiuser-server) - one server shared by clients of every user (Volta and later).
+      - Start the daemon with C(-multiuser-server) - one server shared by clients of every user.
+      - Refused, before anything is done, when a GPU of O(devices) has a compute capability below 7.0 (before Volta):
+        the driver starts C(-multiuser-server) there, but clients that are not root then fail to connect.
     type: bool
     default: false
   supervisor:

@@ -19,7 +19,7 @@ import typing as t
 from dataclasses import dataclass, field
 
 from .._errors import DeviceSelectionError, InvalidParameterError, MpsError
-from .._gpus import Gpu, Nvml, resolve_devices
+from .._gpus import VOLTA_CC, Gpu, Nvml, resolve_devices
 from .._outcome import Outcome
 from .._io import atomic_write, ensure_dir, read_text, refuse_unsafe_dirs, remove, untraversable_parents
 from .._proc import child_pids, daemon_dev_shm, process_uid
@@ -27,7 +27,7 @@ from .._protocol.state import read_state
 from .._resource.layout import ConfigPaths, ResourcePaths, config_paths, container_view, managed_dirs, resource_paths, validate_log_mode
 from .._resource.lock import RESOURCE_LOCK
 from .._resource.record import StartRecord, read_record, write_record
-from .._resource.scan import gpu_claims, live_daemons
+from .._resource.scan import ForeignDaemon, foreign_daemons, gpu_claims, live_daemons
 from .._resource.store import read_persisted, read_replay, write_replay
 from .._shm import check_unit_path, mounted_at, shm_persisted
 from .._supervisor.process import LOCK_FILE, LOG_FILES, PID_FILE, PIPE_DIR_FILES, Daemon, DaemonState, inspect
@@ -118,6 +118,10 @@ class ResourceManager:
         # What to do about clients connected to a daemon that must stop (a restart, a stop, absent).
         self.busy = 'refuse'
         self.busy_timeout = DEFAULT_BUSY_TIMEOUT
+        # The pid of this resource's own daemon (set when the state is read) and, read once per run, the
+        # other MPS control daemons of the host by the GPUs they serve.
+        self._own_pid: t.Optional[int] = None
+        self._foreign: t.Optional[t.Tuple[t.Dict[str, ForeignDaemon], t.List[ForeignDaemon]]] = None
 
     # --- reading -------------------------------------------------------------------------------
     def record(self) -> t.Optional[StartRecord]:
@@ -127,6 +131,41 @@ class ResourceManager:
         """UUID -> resource, for GPUs of the other live daemons under the same root."""
         others = live_daemons(self.paths.root, exclude=self.paths.name)
         return {uuid: names[0] for uuid, names in gpu_claims({name: found[1] for name, found in others.items()}).items()}
+
+    def foreign(self) -> t.Tuple[t.Dict[str, ForeignDaemon], t.List[ForeignDaemon]]:
+        """(GPU UUID -> a daemon not of this root that serves it, daemons whose GPUs cannot be told).
+
+        Daemons under the same root are told by their start records (:meth:`owned_elsewhere`, which names
+        the resource); the processes show the others: under another root, started by hand, the device
+        plugin's.
+        """
+        if self._foreign is None:
+            known, unreadable = foreign_daemons(self.paths.pipe_dir, self.nvml.gpus(), self._own_pid)
+            ours = os.path.join(os.path.normpath(self.paths.root), '')
+            claims: t.Dict[str, ForeignDaemon] = {}
+            for daemon in known:
+                if daemon.pipe_dir and daemon.pipe_dir.startswith(ours):
+                    continue  # a resource of this root: its record says more (owned_elsewhere)
+                for uuid in daemon.uuids:
+                    claims.setdefault(uuid, daemon)
+            self._foreign = (claims, unreadable)
+        return self._foreign
+
+    def _refuse_foreign(self, devices: t.Sequence[Gpu], out: Outcome) -> None:
+        """Never take a GPU that an MPS daemon of another root, or of another tool, serves."""
+        claims, unreadable = self.foreign()
+        taken = [(gpu, claims[gpu.uuid]) for gpu in devices if gpu.uuid in claims]
+        if taken:
+            raise DeviceSelectionError(
+                'devices: %s; one GPU served by two MPS control daemons breaks both (and stopping one resets the other\'s '
+                'compute mode). Stop that daemon (echo quit | CUDA_MPS_PIPE_DIRECTORY=<its pipe directory> '
+                'nvidia-cuda-mps-control) or choose other devices; nothing was done' % '; '.join(
+                    'GPU %d (%s) is served by another MPS control daemon: %s' % (gpu.index, gpu.uuid, daemon.describe())
+                    for gpu, daemon in taken))
+        for daemon in unreadable:
+            out.warnings.append('another MPS control daemon runs, %s, and this run cannot read its environment to tell which '
+                                'GPUs it serves (run as root): make sure it does not serve %s' % (
+                                    daemon.describe(), ', '.join('GPU %d' % gpu.index for gpu in devices)))
 
     @property
     def dropin_path(self) -> str:
@@ -143,6 +182,13 @@ class ResourceManager:
         if mig:
             raise DeviceSelectionError('devices: MIG is enabled on %s; run one daemon per MIG device instead of the whole GPU' % (
                 ', '.join('GPU %d (%s)' % (gpu.index, gpu.uuid) for gpu in mig)))
+        old = [gpu for gpu in devices if gpu.compute_capability < VOLTA_CC]
+        if multiuser and old:
+            raise InvalidParameterError('multiuser', 'needs GPUs of compute capability 7.0 (Volta) or newer: %s %s older. The '
+                                        'driver starts -multiuser-server below it, but clients that are not root then fail '
+                                        'to connect; use multiuser=false (one server per user) on these GPUs' % (
+                                            ', '.join('GPU %d (%s, %s, %d.%d)' % ((gpu.index, gpu.uuid, gpu.name) + gpu.compute_capability)
+                                                      for gpu in old), 'is' if len(old) == 1 else 'are'))
         owners = self.owned_elsewhere()
         taken = [(gpu, owners[gpu.uuid]) for gpu in devices if gpu.uuid in owners]
         if taken:
@@ -224,6 +270,7 @@ class ResourceManager:
         out.pid = pid
 
     def _start(self, wanted: Wanted, out: Outcome, restart: bool) -> None:
+        self._refuse_foreign(wanted.devices, out)
         self._set_compute_modes(wanted.devices, wanted.compute_mode, out)
         self._prepare_dirs(out)
         replay = self._replay_for(wanted, out)
@@ -344,16 +391,27 @@ class ResourceManager:
         if not record or record.compute_mode == 'unchanged':
             return
         dropped = set(record.devices) - {gpu.uuid for gpu in wanted.devices}
+        self._set_compute_modes(self._releasable(dropped, out), 'default', out)
+
+    def _releasable(self, uuids: t.Set[str], out: Outcome) -> t.List[Gpu]:
+        """The GPUs of ``uuids`` whose compute mode may go back to DEFAULT: no other MPS daemon serves them."""
         still_used = set(self.owned_elsewhere())
-        self._set_compute_modes([gpu for gpu in self.nvml.gpus() if gpu.uuid in dropped and gpu.uuid not in still_used],
-                                'default', out)
+        claims = self.foreign()[0]
+        gpus = []
+        for gpu in self.nvml.gpus():
+            if gpu.uuid not in uuids or gpu.uuid in still_used:
+                continue
+            if gpu.uuid in claims:
+                if gpu.compute_mode != 'default':
+                    out.warnings.append('GPU %d (%s) keeps compute mode %s: another MPS control daemon serves it, %s' % (
+                        gpu.index, gpu.uuid, gpu.compute_mode.upper(), claims[gpu.uuid].describe()))
+                continue
+            gpus.append(gpu)
+        return gpus
 
     def _release(self, record: t.Optional[StartRecord], out: Outcome) -> None:
         if self.reset_on_stop and record and record.compute_mode != 'unchanged':
-            uuids = set(record.devices)
-            still_used = set(self.owned_elsewhere())
-            gpus = [gpu for gpu in self.nvml.gpus() if gpu.uuid in uuids and gpu.uuid not in still_used]
-            self._set_compute_modes(gpus, 'default', out)
+            self._set_compute_modes(self._releasable(set(record.devices), out), 'default', out)
         if os.path.exists(self.paths.started_file) and self.paths.started_file not in self._would_remove:
             out.act('remove %s' % self.paths.started_file, lambda: remove(self.paths.started_file))
             self._would_remove.append(self.paths.started_file)
@@ -398,6 +456,7 @@ class ResourceManager:
         out = DaemonOutcome()
         out.warnings.extend(self.pending_warnings)
         current = inspect(self.paths)
+        self._own_pid = current.pid
         if current.conflict:
             raise MpsError('the MPS control daemon for %s: %s' % (self.paths.name, current.conflict), pid=current.pid)
         record = self.record()
@@ -515,6 +574,11 @@ class ResourceManager:
                 self.daemon.check_shm_namespace()
         if current.running and state == 'started' and not differences:
             # Healthy and as wanted: only the compute mode may have drifted (it resets at reboot).
+            claims = self.foreign()[0]
+            for gpu in wanted.devices:
+                if gpu.uuid in claims:
+                    out.warnings.append('GPU %d (%s) of %s is also served by another MPS control daemon, %s: stop one of '
+                                        'them' % (gpu.index, gpu.uuid, self.paths.name, claims[gpu.uuid].describe()))
             self._set_compute_modes(wanted.devices, wanted.compute_mode, out)
             if self.supervisor == 'systemd':
                 self._install_unit(wanted, out)

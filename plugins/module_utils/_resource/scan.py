@@ -7,8 +7,11 @@ from __future__ import annotations
 import os
 import re
 import typing as t
+from dataclasses import dataclass
 
-from .._supervisor.process import DaemonState, inspect
+from .._gpus import Gpu, visible_gpus
+from .._proc import control_daemons, same_directory
+from .._supervisor.process import DEFAULT_PIPE_DIR, DaemonState, inspect
 from .layout import SHM_DIR, is_valid_name, resource_paths, systemd_instance
 from .record import StartRecord, read_record
 
@@ -105,3 +108,41 @@ def gpu_claims(records: t.Mapping[str, StartRecord]) -> t.Dict[str, t.List[str]]
         for uuid in record.devices:
             claims.setdefault(uuid, []).append(name)
     return claims
+
+
+@dataclass
+class ForeignDaemon:
+    """An MPS control daemon on the host that does not belong to the resource asking: its pid, pipe dir, GPUs."""
+
+    pid: int
+    pipe_dir: t.Optional[str]
+    uid: t.Optional[int]
+    uuids: t.List[str]
+
+    def describe(self) -> str:
+        return 'pid %d (pipe directory %s, uid %s)' % (self.pid, self.pipe_dir or 'unknown: its environment cannot be read', self.uid)
+
+
+def foreign_daemons(own_pipe_dir: str, gpus: t.Sequence[Gpu], own_pid: t.Optional[int] = None,
+                    proc: str = '/proc') -> t.Tuple[t.List[ForeignDaemon], t.List[ForeignDaemon]]:
+    """The control daemons on the host other than the one of ``own_pipe_dir``: (those whose GPUs are known, the unreadable).
+
+    Found from the processes, so daemons under another root, started by hand or by NVIDIA's device
+    plugin (in a container: its pipe directory is looked up through its own root) are all seen. A
+    daemon whose environment cannot be read (another user's, without root) may serve any GPU.
+    """
+    known, unreadable = [], []
+    for found in control_daemons(proc):
+        if found.pid == own_pid:
+            continue
+        pipe = found.pipe_dir(DEFAULT_PIPE_DIR)
+        if found.environ is None:
+            unreadable.append(ForeignDaemon(found.pid, None, found.uid, []))
+            continue
+        # The same directory seen through the daemon's own root (a container's daemon names its own path);
+        # where that cannot be read, the same path.
+        same = same_directory('%s/%d/root%s' % (proc, found.pid, pipe), own_pipe_dir)
+        if same or (same is None and pipe == os.path.normpath(own_pipe_dir)):
+            continue
+        known.append(ForeignDaemon(found.pid, pipe, found.uid, [gpu.uuid for gpu in visible_gpus(found.visible_devices, gpus)]))
+    return known, unreadable

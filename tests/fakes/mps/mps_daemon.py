@@ -11,6 +11,7 @@ starts servers (mps_server.py child processes, one per uid) and attaches clients
 from __future__ import annotations
 
 import configparser
+import ctypes
 import datetime
 import fcntl
 import json
@@ -27,6 +28,8 @@ import sys
 import threading
 import time
 from typing import Callable, Optional, TextIO
+
+PR_SET_NAME = 15  # prctl(2)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SERVER_SCRIPT = os.path.join(HERE, 'mps_server.py')
@@ -1403,6 +1406,10 @@ def start_daemon(foreground: bool, multiuser: bool) -> int:
         return 1
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    # What /proc shows of a real daemon: comm `nvidia-cuda-mps` (its name cut to 15 bytes), the
+    # arguments -d / -f, and CUDA_MPS_PIPE_DIRECTORY / CUDA_VISIBLE_DEVICES in its environment. The
+    # modules find foreign daemons by these (argv[0] stays the interpreter's: README.md).
+    _set_process_name(b'nvidia-cuda-mps')
     if foreground:
         daemon = Daemon(cfg, multiuser, foreground=True)
         code, message = daemon.setup()
@@ -1436,6 +1443,15 @@ def start_daemon(foreground: bool, multiuser: bool) -> int:
     if result.get('message'):
         print(result['message'], flush=True)
     return int(result.get('rc', 1))
+
+
+def _set_process_name(name: bytes) -> None:
+    """Set comm (what ps -o comm and /proc/PID/comm show), as mps_server.py does for servers."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _become_daemon(cfg: DaemonConfig, multiuser: bool, write_fd: int) -> None:

@@ -1,0 +1,135 @@
+# Copyright: gpufleet.mps contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Other MPS control daemons of the host: found in /proc, their GPUs never taken nor reset."""
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from ansible_collections.gpufleet.mps.plugins.module_utils._daemon import manager as _manager
+from ansible_collections.gpufleet.mps.plugins.module_utils._daemon.manager import ResourceManager
+from ansible_collections.gpufleet.mps.plugins.module_utils._errors import DeviceSelectionError, InvalidParameterError
+from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import Gpu, visible_gpus
+from ansible_collections.gpufleet.mps.plugins.module_utils._outcome import Outcome
+from ansible_collections.gpufleet.mps.plugins.module_utils._proc import control_daemons
+from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import config_paths, resource_paths
+from ansible_collections.gpufleet.mps.plugins.module_utils._resource.scan import ForeignDaemon, foreign_daemons
+
+
+def _gpu(index, uuid, cc=(9, 0), mode='default'):
+    return Gpu(index, uuid, 'NVIDIA H100', 81559, cc, mode, False, False, True)
+
+
+GPUS = [_gpu(0, 'GPU-aaaa1111-0000'), _gpu(1, 'GPU-bbbb2222-0000'), _gpu(2, 'GPU-bbbb3333-0000')]
+
+
+def _process(proc, pid, comm, argv, environ=None, uid=0):
+    base = proc / str(pid)
+    base.mkdir(parents=True)
+    (base / 'comm').write_text(comm + '\n')
+    (base / 'cmdline').write_bytes(b'\0'.join(arg.encode() for arg in argv) + b'\0')
+    (base / 'status').write_text('Name:\t%s\nUid:\t%d\t%d\t%d\t%d\n' % (comm, uid, uid, uid, uid))
+    if environ is not None:
+        (base / 'environ').write_bytes(b''.join(('%s=%s' % item).encode() + b'\0' for item in environ.items()))
+
+
+@pytest.mark.parametrize('value, indices', [
+    (None, [0, 1, 2]),                           # unset: every GPU
+    ('', []),
+    ('1', [1]),
+    ('GPU-bbbb3333-0000,0', [2, 0]),
+    ('GPU-aaaa', [0]),                           # a unique prefix
+    ('0,7,1', [0]),                              # CUDA stops at the first item that names no GPU
+    ('GPU-bbbb,0', []),                          # an ambiguous prefix names none
+    ('MIG-GPU-aaaa1111-0000/1/0,2', [2]),        # a MIG device is not a whole GPU
+    (' 2 , 1 ', [2, 1]),
+])
+def test_visible_devices_are_read_as_cuda_reads_them(value, indices):
+    assert [gpu.index for gpu in visible_gpus(value, GPUS)] == indices
+
+
+def test_control_daemons_are_told_from_servers_and_the_control_ui(tmp_path):
+    proc = tmp_path / 'proc'
+    _process(proc, 10, 'nvidia-cuda-mps', ['nvidia-cuda-mps-control', '-d'], {'CUDA_MPS_PIPE_DIRECTORY': '/a/pipe'})
+    _process(proc, 11, 'nvidia-cuda-mps', ['/usr/bin/nvidia-cuda-mps-control', '-f', '-multiuser-server'], {}, uid=1000)
+    _process(proc, 12, 'nvidia-cuda-mps', ['nvidia-cuda-mps-server'], {'CUDA_MPS_PIPE_DIRECTORY': '/a/pipe'})
+    _process(proc, 13, 'nvidia-cuda-mps', ['nvidia-cuda-mps-control'], {'CUDA_MPS_PIPE_DIRECTORY': '/a/pipe'})  # the UI
+    _process(proc, 14, 'python3', ['python3', 'x.py', '-d'], {})
+    _process(proc, 15, 'nvidia-cuda-mps', ['nvidia-cuda-mps-control', '-d'])  # another user's: environ unreadable
+    (proc / 'self').mkdir()
+    found = control_daemons(str(proc))
+    assert [(daemon.pid, daemon.uid) for daemon in found] == [(10, 0), (11, 1000), (15, 0)]
+    assert found[0].pipe_dir('/tmp/nvidia-mps') == '/a/pipe' and found[1].pipe_dir('/tmp/nvidia-mps') == '/tmp/nvidia-mps'
+    assert found[1].visible_devices is None and found[2].environ is None
+
+
+def test_foreign_daemons_leave_out_the_own_one_by_pid_and_by_pipe_directory(tmp_path):
+    proc = tmp_path / 'proc'
+    _process(proc, 20, 'nvidia-cuda-mps', ['nvidia-cuda-mps-control', '-d'],
+             {'CUDA_MPS_PIPE_DIRECTORY': '/own/pipe', 'CUDA_VISIBLE_DEVICES': '0'})
+    _process(proc, 21, 'nvidia-cuda-mps', ['nvidia-cuda-mps-control', '-d'],
+             {'CUDA_MPS_PIPE_DIRECTORY': '/other/pipe/', 'CUDA_VISIBLE_DEVICES': 'GPU-bbbb2222-0000'})
+    _process(proc, 22, 'nvidia-cuda-mps', ['nvidia-cuda-mps-control', '-d'], {})  # default pipe dir, every GPU
+    _process(proc, 23, 'nvidia-cuda-mps', ['nvidia-cuda-mps-control', '-d'])
+    known, unreadable = foreign_daemons('/own/pipe', GPUS, own_pid=None, proc=str(proc))
+    assert [(daemon.pid, daemon.pipe_dir, daemon.uuids) for daemon in known] == [
+        (21, '/other/pipe', ['GPU-bbbb2222-0000']),
+        (22, '/tmp/nvidia-mps', [gpu.uuid for gpu in GPUS]),
+    ]
+    assert [daemon.pid for daemon in unreadable] == [23]
+    known, unreadable = foreign_daemons('/else/pipe', GPUS, own_pid=21, proc=str(proc))
+    assert [daemon.pid for daemon in known] == [20, 22]
+
+
+@pytest.fixture
+def manager(tmp_path):
+    paths = resource_paths(str(tmp_path / 'root'), 'train')
+    config = config_paths(str(tmp_path / 'etc'), 'train')
+    nvml = types.SimpleNamespace(gpus=lambda: [_gpu(0, 'GPU-a', mode='exclusive_process'), _gpu(1, 'GPU-b', mode='exclusive_process')])
+    daemon = types.SimpleNamespace(binary='/usr/bin/nvidia-cuda-mps-control', log_mode=0o700, start_timeout=30, stop_timeout=30)
+    return ResourceManager(paths, config, daemon, nvml=nvml, supervisor='none', check_mode=True)
+
+
+def _foreign(monkeypatch, manager, known, unreadable=()):
+    monkeypatch.setattr(_manager, 'foreign_daemons', lambda pipe, gpus, pid: (list(known), list(unreadable)))
+    manager._foreign = None
+
+
+def test_a_gpu_another_daemon_serves_is_refused_naming_its_pid_and_pipe_directory(manager, monkeypatch):
+    _foreign(monkeypatch, manager, [ForeignDaemon(4242, '/elsewhere/pipe', 0, ['GPU-b'])])
+    with pytest.raises(DeviceSelectionError, match=r"^devices: GPU 1 \(GPU-b\) is served by another MPS control daemon: "
+                                                   r"pid 4242 \(pipe directory /elsewhere/pipe, uid 0\);.*nothing was done"):
+        manager._refuse_foreign(manager.nvml.gpus(), Outcome())
+    out = Outcome()
+    manager._refuse_foreign(manager.nvml.gpus()[:1], out)
+    assert out.warnings == [] and out.actions == []
+
+
+def test_a_daemon_of_the_same_root_is_left_to_the_start_records(manager, monkeypatch):
+    _foreign(monkeypatch, manager, [ForeignDaemon(4242, manager.paths.root + '/infer/pipe', 0, ['GPU-b'])])
+    manager._refuse_foreign(manager.nvml.gpus(), Outcome())
+
+
+def test_a_daemon_whose_environment_cannot_be_read_is_named_in_a_warning(manager, monkeypatch):
+    _foreign(monkeypatch, manager, [], [ForeignDaemon(77, None, 1000, [])])
+    out = Outcome()
+    manager._refuse_foreign(manager.nvml.gpus(), out)
+    assert out.warnings and 'pid 77' in out.warnings[0] and 'run as root' in out.warnings[0]
+
+
+def test_stopping_never_resets_a_gpu_another_daemon_serves(manager, monkeypatch):
+    _foreign(monkeypatch, manager, [ForeignDaemon(4242, '/elsewhere/pipe', 0, ['GPU-b'])])
+    out = Outcome()
+    assert [gpu.uuid for gpu in manager._releasable({'GPU-a', 'GPU-b'}, out)] == ['GPU-a']
+    assert out.warnings == ['GPU 1 (GPU-b) keeps compute mode EXCLUSIVE_PROCESS: another MPS control daemon serves it, '
+                            'pid 4242 (pipe directory /elsewhere/pipe, uid 0)']
+
+
+def test_multiuser_is_refused_below_volta_naming_the_gpus(manager, monkeypatch):
+    manager.nvml = types.SimpleNamespace(gpus=lambda: [_gpu(0, 'GPU-p', cc=(6, 0)), _gpu(1, 'GPU-v', cc=(7, 0))])
+    monkeypatch.setattr(manager, 'owned_elsewhere', dict)
+    with pytest.raises(InvalidParameterError, match=r'multiuser.*GPU 0 \(GPU-p, NVIDIA H100, 6\.0\) is older'):
+        manager.wanted('all', True, 'exclusive_process', True)
+    assert [gpu.index for gpu in manager.wanted([1], True, 'exclusive_process', True).devices] == [1]
+    assert [gpu.index for gpu in manager.wanted('all', False, 'exclusive_process', True).devices] == [0, 1]
