@@ -136,6 +136,11 @@ class Nvml:
         self._active = False
         self.enumeration_var_was_set = False
 
+    @property
+    def has_binding(self) -> bool:
+        """Whether nvidia-ml-py (pynvml) could be imported: without it NVML cannot be asked at all."""
+        return self._lib is not None
+
     def __enter__(self) -> 'Nvml':
         if os.environ.pop(MPS_ENUMERATION_VAR, None) is not None:
             self.enumeration_var_was_set = True

@@ -109,6 +109,8 @@ def nvml_facts(nvml_factory: t.Callable[[], Nvml]) -> t.Tuple[t.Dict[str, t.Any]
     gpus: t.List[Gpu] = []
     enumeration_set = MPS_ENUMERATION_VAR in os.environ
     nvml = nvml_factory()
+    # A missing nvidia-ml-py is a broken interpreter, not a host without a GPU: callers tell the two apart.
+    facts['python_binding'] = nvml.has_binding
     try:
         with nvml:
             facts['driver_version'] = nvml.driver_version()

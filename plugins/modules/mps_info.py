@@ -119,12 +119,19 @@ nvml:
   description: Whether NVML could be used, and the driver's versions.
   returned: always
   type: dict
-  sample: {available: true, error: null, driver_version: 560.35.03, cuda_driver_version: '12.6'}
+  sample: {available: true, python_binding: true, error: null, driver_version: 560.35.03, cuda_driver_version: '12.6'}
   contains:
     available:
       description: Whether NVML was initialised and the GPUs read.
       type: bool
       sample: true
+    python_binding:
+      description:
+        - Whether the module's interpreter could import nvidia-ml-py (C(pynvml)). V(false) is a broken interpreter
+          rather than a host without a GPU - the fleet role fails such a host instead of skipping it.
+      type: bool
+      sample: true
+      version_added: 0.2.0
     error:
       description: Why NVML is not available (driver or nvidia-ml-py missing, driver not loaded); null when it is.
       type: str

@@ -154,7 +154,8 @@ def test_servers_imply_daemons():
 def test_nvml_facts_on_a_gpu_host(gpu_host):
     gpu_host()
     facts, gpus, enumeration = _info.nvml_facts(_gpus.Nvml)
-    assert facts == {'available': True, 'error': None, 'driver_version': '560.35.03', 'cuda_driver_version': '12.6'}
+    assert facts == {'available': True, 'error': None, 'driver_version': '560.35.03', 'cuda_driver_version': '12.6',
+                     'python_binding': True}
     assert len(gpus) == 4 and not enumeration
 
 
@@ -162,14 +163,14 @@ def test_a_host_without_nvidia_ml_py_reports_why_instead_of_failing(gpu_host, mo
     gpu_host()
     monkeypatch.setattr(_gpus, 'pynvml', None)
     facts, gpus = _info.nvml_facts(_gpus.Nvml)[:2]
-    assert not facts['available'] and gpus == []
+    assert not facts['available'] and gpus == [] and not facts['python_binding']
     assert 'nvidia-ml-py' in facts['error']
 
 
 def test_a_host_whose_driver_is_not_loaded_reports_why_instead_of_failing(nvml_lib, monkeypatch):
     monkeypatch.delenv('FAKE_NVML_CONFIG', raising=False)
     facts, gpus = _info.nvml_facts(_gpus.Nvml)[:2]
-    assert not facts['available'] and gpus == [] and 'not loaded' in facts['error']
+    assert not facts['available'] and gpus == [] and 'not loaded' in facts['error'] and facts['python_binding']
 
 
 def test_the_enumeration_variable_is_noticed(gpu_host, monkeypatch):
