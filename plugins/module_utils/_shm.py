@@ -24,6 +24,7 @@ from ._errors import InvalidParameterError, MpsError
 from ._io import atomic_write, ensure_dir, read_text, remove
 from ._outcome import Outcome
 from ._resource.record import read_record
+from ._resource.lock import RootLock
 from ._proc import daemon_dev_shm, read_mountinfo
 from ._resource.layout import SHM_DIR, resource_paths, systemd_instance, validate_root
 from ._resource.scan import scan_resources
@@ -322,8 +323,12 @@ class ShmManager:
 
     def ensure(self, state: str, size: object) -> ShmOutcome:
         """Plan, then (unless in check mode) apply."""
-        out = self.plan(state, size)
-        if not self.check_mode:
+        if self.check_mode:
+            return self.plan(state, size)
+        # No daemon of the root is started, stopped or given limits while its tmpfs changes (their runs
+        # hold the root's lock shared); the state is read under the lock.
+        with RootLock(self.root, exclusive=True):
+            out = self.plan(state, size)
             out.apply()
         return out
 

@@ -1,6 +1,10 @@
 # Copyright: gpufleet.mps contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The lock of one resource: every writer of the resource's files takes it, daemon running or not."""
+"""Locks: one per resource, taken by every writer of the resource's files; one per root, shared by them and
+taken alone by what changes the whole root (the shared ``<root>/shm`` tmpfs).
+
+Order, to never deadlock: the root's lock first, then the resource's.
+"""
 
 from __future__ import annotations
 
@@ -17,20 +21,29 @@ RESOURCE_LOCK = '.lock'
 
 def resource_lock(paths: ResourcePaths) -> 'ResourceLock':
     """The lock of one resource (``<root>/<name>/.lock``): every writer of the resource takes it, daemon running or not."""
-    return ResourceLock(os.path.join(paths.resource_dir, RESOURCE_LOCK))
+    return ResourceLock(os.path.join(paths.resource_dir, RESOURCE_LOCK), paths.root)
 
 
-class ResourceLock:
-    """An exclusive lock per resource, so concurrent runs on one host never double-start a daemon."""
+class RootLock:
+    """A lock on the root directory itself (``flock`` on the directory: no file to create, none left behind).
 
-    def __init__(self, path: str) -> None:
-        self.path = path
+    Shared by every run on one resource (several resources change side by side), exclusive for
+    ``mps_shm``, whose tmpfs every daemon started with ``shm=true`` binds as its ``/dev/shm``: a mount,
+    resize or unmount never happens while a daemon of the root is being started, stopped or given limits.
+    A root that does not exist has nothing to protect: no lock is taken.
+    """
+
+    def __init__(self, root: str, exclusive: bool) -> None:
+        self.root = root
+        self.exclusive = exclusive
         self._fd: t.Optional[int] = None
 
-    def __enter__(self) -> 'ResourceLock':
-        ensure_dir(os.path.dirname(self.path), 0o755)
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
+    def __enter__(self) -> 'RootLock':
+        try:
+            self._fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return self
+        fcntl.flock(self._fd, fcntl.LOCK_EX if self.exclusive else fcntl.LOCK_SH)
         return self
 
     def __exit__(self, *exc_info: t.Any) -> None:
@@ -38,3 +51,34 @@ class ResourceLock:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
+
+
+class ResourceLock:
+    """An exclusive lock per resource, so concurrent runs on one host never double-start a daemon; it holds
+    its root's lock shared meanwhile."""
+
+    def __init__(self, path: str, root: t.Optional[str] = None) -> None:
+        self.path = path
+        self._root = RootLock(root, exclusive=False) if root else None
+        self._fd: t.Optional[int] = None
+
+    def __enter__(self) -> 'ResourceLock':
+        ensure_dir(os.path.dirname(self.path), 0o755)
+        if self._root is not None:
+            self._root.__enter__()
+        try:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+        except BaseException:
+            if self._root is not None:
+                self._root.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc_info: t.Any) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+        if self._root is not None:
+            self._root.__exit__(*exc_info)

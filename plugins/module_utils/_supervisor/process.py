@@ -52,6 +52,8 @@ LOG_FILES = ('control.log', 'server.log')
 PASSTHROUGH_ENV = ('PATH', 'LD_LIBRARY_PATH')
 # The pipe directory of a daemon started without CUDA_MPS_PIPE_DIRECTORY.
 DEFAULT_PIPE_DIR = '/tmp/nvidia-mps'
+# How long a daemon that answered quit with a text (a refusal) is given to exit all the same.
+REJECTED_QUIT_GRACE = 2.0
 DEFAULT_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'
 
 
@@ -341,9 +343,12 @@ class Daemon:
         """
         started = time.monotonic()
         failure: t.Optional[MpsError] = None
+        rejected: t.Optional[str] = None
         try:
             self.client.timeout = self.stop_timeout + self.start_timeout
-            self.query(['quit -t %d' % self.stop_timeout])
+            reply = self.query(['quit -t %d' % self.stop_timeout])[0]
+            # quit prints nothing; any text is the daemon refusing it (quit needs root: "Permission denied").
+            rejected = reply.text or None
         except DaemonNotRunningError:
             pass  # its socket is gone; the process may still be on its way out
         except (ControlBinaryError, ControlCommandError) as exc:
@@ -351,9 +356,16 @@ class Daemon:
         finally:
             self.client.timeout = self.start_timeout
         grace = self.stop_timeout + self.start_timeout
+        if rejected is not None:
+            # A refused quit stops nothing: say so at once, with the daemon's words, rather than after the
+            # whole grace period. A short wait still forgives a daemon that printed something and went.
+            grace = min(grace, REJECTED_QUIT_GRACE)
         delay = 0.01
         while self._still_there(pid):
             if time.monotonic() - started > grace:
+                if rejected is not None:
+                    raise ControlCommandError('the MPS control daemon for %s (pid %s) rejected quit: %s; it was left running' % (
+                        self.paths.name, pid if pid else 'unknown', rejected), pid=pid, log_file=self.control_log)
                 raise DaemonTimeoutError('the MPS control daemon for %s (pid %s) did not exit within %ss after quit%s; it was left '
                                          'running (see %s)' % (self.paths.name, pid if pid else 'unknown', grace,
                                                                ' (%s)' % failure.msg if failure else '', self.control_log),

@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -14,8 +15,9 @@ from ansible_collections.gpufleet.mps.plugins.module_utils import _proc
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource import lock as _lock
 from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor import process as _daemon
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import (
-    ControlBinaryError, DaemonNotRunningError, DaemonTimeoutError, ReplayRejectedError,
+    ControlBinaryError, ControlCommandError, DaemonNotRunningError, DaemonTimeoutError, ReplayRejectedError,
 )
+from ansible_collections.gpufleet.mps.plugins.module_utils._protocol.framing import Reply
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import resource_paths
 
 
@@ -157,6 +159,28 @@ def test_a_quit_whose_ui_fails_while_the_daemon_lives_on_fails_naming_the_ui_err
         proc.wait()
 
 
+def test_a_rejected_quit_fails_at_once_with_the_daemons_words(paths):
+    proc = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])
+    try:
+        # A stop_timeout of 60 s would have meant a wait of 60 s + start_timeout before any error.
+        daemon = _daemon.Daemon(paths, '/bin/true', start_timeout=30, stop_timeout=60)
+
+        class Refusing(_Sleeper):
+            def batch(self, commands):
+                return [Reply(commands[0], ('Permission denied: quit requires root',))]
+
+        daemon.client = Refusing(proc)
+        started = time.monotonic()
+        with pytest.raises(ControlCommandError, match=r'for res \(pid %d\) rejected quit: Permission denied: quit requires '
+                                                      r'root; it was left running' % proc.pid):
+            daemon.stop(proc.pid)
+        assert time.monotonic() - started < 30
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_a_pid_file_naming_an_unrelated_live_process_is_stale_not_running(paths):
     unrelated = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])
     try:
@@ -207,6 +231,32 @@ def test_resource_lock_serialises_two_holders(tmp_path):
         fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
     finally:
         os.close(probe)
+
+
+def _try_flock(path, flags):
+    probe = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(probe, flags | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(probe)
+
+
+def test_resources_share_their_roots_lock_and_mps_shm_takes_it_alone(tmp_path):
+    root = str(tmp_path / 'root')
+    first = _lock.resource_lock(resource_paths(root, 'train'))
+    second = _lock.resource_lock(resource_paths(root, 'example.com/infer'))
+    with first, second:  # two resources at once: both hold the root shared
+        assert not _try_flock(root, fcntl.LOCK_EX)  # so the shm tmpfs cannot change meanwhile
+        assert _try_flock(root, fcntl.LOCK_SH)
+    assert _try_flock(root, fcntl.LOCK_EX)
+    with _lock.RootLock(root, exclusive=True):
+        assert not _try_flock(root, fcntl.LOCK_SH)
+    assert sorted(os.listdir(root)) == ['example.com', 'train']  # no lock file of the root's own
+    with _lock.RootLock(str(tmp_path / 'missing'), exclusive=True):
+        assert not os.path.exists(str(tmp_path / 'missing'))  # nothing to protect, nothing created
 
 
 def test_child_pids_lists_the_children_of_a_process():
