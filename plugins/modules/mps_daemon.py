@@ -19,8 +19,13 @@ description:
   - A running daemon that answers and was started with the wanted devices, multi-user flag and supervisor is left
     alone at the cost of one control UI process and one NVML initialisation. Anything else is restarted, and the diff
     says what differed. A dead daemon's leftover files are cleaned up and the daemon started again, with a warning.
-  - The limits persisted for the resource by M(gpufleet.mps.mps_limits) (in O(config_dir)) are replayed right after
-    every start, before any client can connect.
+  - The limits persisted for the resource by M(gpufleet.mps.mps_limits) (in O(config_dir)) hold from the daemon's
+    start. The default active thread percentage is in the daemon's start environment
+    (C(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE), which NVIDIA documents as the default of every server the daemon
+    spawns), so it binds the very first client. The pinned device memory limits have no documented start form for
+    the daemon - they are replayed in the first control session after the daemon answers (the same UI process as the
+    health check, every reply checked); a client that connects within those milliseconds, and its server, get no
+    memory limit. The same holds for a start by systemd (C(EnvironmentFile=), C(ExecStartPost=)).
   - A daemon that is alive but does not answer within O(start_timeout) is reported, with its pid and log file, and
     never killed.
 extends_documentation_fragment:

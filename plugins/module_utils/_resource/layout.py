@@ -194,6 +194,8 @@ class ConfigPaths:
     env_file: str
     limits_file: str
     limits_json: str
+    # The defaults the daemon is started with (an EnvironmentFile): not named *.env, which is a resource's own.
+    limits_env: str
 
 
 def config_paths(config_dir: object, name: str, param: str = 'config_dir') -> ConfigPaths:
@@ -207,6 +209,7 @@ def config_paths(config_dir: object, name: str, param: str = 'config_dir') -> Co
         env_file=base + '.env',
         limits_file=base + '.limits',
         limits_json=base + '.limits.json',
+        limits_env=base + '.limits-env',
     )
 
 

@@ -64,7 +64,7 @@ def resource_name(instance: str) -> t.Optional[str]:
 
 
 # The per-resource files in the config directory, by suffix (the instance name before it).
-CONFIG_SUFFIXES = ('.env', '.limits.json', '.limits')
+CONFIG_SUFFIXES = ('.env', '.limits.json', '.limits-env', '.limits')
 
 
 def scan_config(config_dir: str) -> t.List[str]:

@@ -8,6 +8,13 @@
 ``<instance>.limits``
     The same as control commands for the daemon's current device order, one per line, fed to the
     control UI by the systemd unit after every start. Derived; rewritten whenever either changes.
+``<instance>.limits-env``
+    The default thread percentage as the daemon's start environment (an EnvironmentFile of the unit;
+    the direct start sets the same): NVIDIA documents ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` in the
+    control daemon's environment as the default of every server it spawns, so it is in force from the
+    first client, before the replay. The pinned memory limit has no such documented form for the
+    daemon (only "in passing"): it comes from the replay alone, right after the daemon answers.
+    Derived with the commands file; absent when there is no percentage.
 """
 
 from __future__ import annotations
@@ -22,6 +29,26 @@ from .layout import ConfigPaths
 
 
 REPLAYABLE = ('set_default_active_thread_percentage', 'set_default_device_pinned_mem_limit')
+# The one default documented as read from the control daemon's environment at its start.
+PERCENTAGE_ENV = 'CUDA_MPS_ACTIVE_THREAD_PERCENTAGE'
+
+
+def start_environment(commands: t.Sequence[str]) -> t.Dict[str, str]:
+    """The part of the replayed limits the daemon can be started with: the default thread percentage."""
+    env = {}
+    for cmd in commands:
+        words = cmd.split()
+        if len(words) == 2 and words[0] == 'set_default_active_thread_percentage':
+            env[PERCENTAGE_ENV] = words[1]
+    return env
+
+
+def start_env_text(commands: t.Sequence[str]) -> str:
+    env = start_environment(commands)
+    if not env:
+        return ''
+    return ('# Managed by gpufleet.mps (mps_limits): the defaults the MPS control daemon starts with.\n'
+            + ''.join('%s=%s\n' % item for item in sorted(env.items())))
 
 
 def read_persisted(config: ConfigPaths) -> t.Optional[Limits]:
@@ -29,24 +56,27 @@ def read_persisted(config: ConfigPaths) -> t.Optional[Limits]:
     return Limits.from_data(read_json(config.limits_json))
 
 
-def replay_text(limits: t.Optional[Limits], device_uuids: t.Sequence[str]) -> str:
-    cmds = limits.commands(device_uuids) if limits else []
-    return ''.join(cmd + '\n' for cmd in cmds)
-
-
 def write_replay(config: ConfigPaths, limits: t.Optional[Limits], device_uuids: t.Sequence[str], check_mode: bool) -> bool:
-    """(Re)write the commands file for ``device_uuids``; remove it when there is nothing to replay."""
-    text = replay_text(limits, device_uuids)
+    """(Re)write the commands file for ``device_uuids`` and the start environment; remove each when empty."""
+    cmds = limits.commands(device_uuids) if limits else []
+    changed = False
+    for path, text in ((config.limits_file, ''.join(cmd + '\n' for cmd in cmds)), (config.limits_env, start_env_text(cmds))):
+        changed = _write_or_remove(path, text, check_mode) or changed
+    return changed
+
+
+def _write_or_remove(path: str, text: str, check_mode: bool) -> bool:
+    current = read_text(path)
     if not text:
-        if read_text(config.limits_file) is None:
+        if current is None:
             return False
         if not check_mode:
-            remove(config.limits_file)
+            remove(path)
         return True
-    if read_text(config.limits_file) == text:
+    if current == text:
         return False
     if not check_mode:
-        atomic_write(config.limits_file, text, 0o644)
+        atomic_write(path, text, 0o644)
     return True
 
 

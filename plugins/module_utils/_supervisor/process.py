@@ -39,6 +39,7 @@ from .._io import ensure_dir
 from .._resource.lock import ResourceLock, resource_lock
 from .._proc import daemon_dev_shm, environ_of, has_open, is_zombie, lock_holders, looks_like_daemon, pid_alive
 from .._resource.layout import DEFAULT_LOG_MODE, ResourcePaths
+from .._resource.store import start_environment
 
 PID_FILE = 'nvidia-cuda-mps-control.pid'
 LOCK_FILE = 'control_lock'
@@ -253,7 +254,10 @@ class Daemon:
         ensure_dir(self.paths.pipe_dir, 0o755)
         ensure_dir(self.paths.log_dir, self.log_mode)
         try:
-            proc = subprocess.run(argv, env=daemon_env(self.paths, uuids, self.environ), capture_output=True, text=True,
+            # The defaults documented as read from the daemon's environment (the thread percentage) are in
+            # force from its first client; the replay below sets them again and everything else.
+            env = dict(daemon_env(self.paths, uuids, self.environ), **start_environment(replay))
+            proc = subprocess.run(argv, env=env, capture_output=True, text=True,
                                   timeout=self.start_timeout, stdin=subprocess.DEVNULL, check=False)
         except subprocess.TimeoutExpired as exc:
             raise DaemonTimeoutError('%s -d did not return within %ss (see %s)' % (self.binary, self.start_timeout, self.control_log),
