@@ -101,6 +101,16 @@ options:
     type: str
     choices: [exclusive_process, default, unchanged]
     default: exclusive_process
+  selinux_type:
+    description:
+      - Where SELinux is enabled, the SELinux type the pipe directory gets (only the type of its context changes), so
+        that MPS clients in containers may connect on an enforcing host - NVIDIA's device plugin labels it the same.
+        Sockets the daemon creates there inherit it. Repaired when it drifted (a C(restorecon)), without a restart.
+        Under O(supervisor=systemd) the unit sets it too (C(chcon -t)) each time it creates the directory, at boot.
+      - An empty string leaves SELinux labels alone. A host without SELinux is never touched.
+    type: str
+    default: container_file_t
+    version_added: 0.2.0
   multiuser:
     description:
       - Start the daemon with C(-multiuser-server) - one server shared by clients of every user.
@@ -267,6 +277,14 @@ clients:
   elements: dict
   sample: [{pid: 4312, uid: 1000, server: 4288}]
   version_added: 0.2.0
+selinux:
+  description:
+    - Where SELinux is enabled and O(selinux_type) is set, the pipe directory's SELinux type before the run
+      (null when the directory did not exist) and after it; null otherwise (no SELinux, or labels left alone).
+  returned: always
+  type: dict
+  sample: {before: var_run_t, after: container_file_t}
+  version_added: 0.2.0
 container:
   description:
     - What a client in a container needs, in the device plugin's layout - bind mounts from host paths to container
@@ -306,6 +324,7 @@ from ansible_collections.gpufleet.mps.plugins.module_utils._daemon.manager impor
 from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import ENUMERATION_WARNING, Nvml
 from ansible_collections.gpufleet.mps.plugins.module_utils._module import common_argument_spec, control_binary, finish, run_module
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import DEFAULT_CONTAINER_ROOT, DEFAULT_LOG_MODE
+from ansible_collections.gpufleet.mps.plugins.module_utils._selinux import CONTAINER_TYPE
 
 
 def argument_spec():
@@ -326,6 +345,7 @@ def argument_spec():
         log_mode=dict(type='raw', default=format(DEFAULT_LOG_MODE, '04o')),
         shm=dict(type='bool', default=False),
         container_root=dict(type='path', default=DEFAULT_CONTAINER_ROOT),
+        selinux_type=dict(type='str', default=CONTAINER_TYPE),
     )
     return spec
 
@@ -352,6 +372,7 @@ def run(module):
         started_at=outcome.started_at if running else None,
         forced=outcome.forced,
         clients=outcome.clients,
+        selinux=outcome.selinux,
     )
 
 

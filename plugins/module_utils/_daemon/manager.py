@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import errno
 import os
+import re
 import shutil
 import stat
 import time
@@ -29,6 +30,7 @@ from .._resource.lock import RESOURCE_LOCK
 from .._resource.record import StartRecord, read_record, write_record
 from .._resource.scan import ForeignDaemon, foreign_daemons, gpu_claims, live_daemons
 from .._resource.store import read_persisted, read_replay, write_replay
+from .._selinux import enabled as selinux_enabled, plan_type
 from .._shm import check_unit_path, mounted_at, shm_persisted
 from .._supervisor.process import LOCK_FILE, LOG_FILES, PID_FILE, PIPE_DIR_FILES, Daemon, DaemonState, inspect
 from .._supervisor.unit import (
@@ -84,6 +86,8 @@ class DaemonOutcome(Outcome):
     forced: bool = False
     # The clients connected when the daemon had to stop: ended (busy=terminate) or waited for (busy=wait).
     clients: t.List[t.Dict[str, t.Any]] = field(default_factory=list)
+    # The pipe directory's SELinux type before and after, where SELinux is enabled and a type is wanted.
+    selinux: t.Optional[t.Dict[str, t.Optional[str]]] = None
 
 
 def _now() -> str:
@@ -121,6 +125,9 @@ class ResourceManager:
         # The pid of this resource's own daemon (set when the state is read) and, read once per run, the
         # other MPS control daemons of the host by the GPUs they serve.
         self._own_pid: t.Optional[int] = None
+        # The SELinux type of the pipe directory ('' leaves labels alone), and whether its labelling is planned.
+        self.selinux_type = ''
+        self._label_planned = False
         self._foreign: t.Optional[t.Tuple[t.Dict[str, ForeignDaemon], t.List[ForeignDaemon]]] = None
 
     # --- reading -------------------------------------------------------------------------------
@@ -218,7 +225,7 @@ class ResourceManager:
     def _env_values(self, wanted: Wanted) -> t.Dict[str, str]:
         return unit_environment(self.paths, self.config, [gpu.uuid for gpu in wanted.devices], wanted.multiuser,
                                 wanted.compute_mode, self.daemon.binary, self.nvidia_smi, self.daemon.stop_timeout,
-                                self.daemon.log_mode)
+                                self.daemon.log_mode, self.selinux_type)
 
     def _systemd_files(self, wanted: Wanted) -> t.Dict[str, t.Optional[str]]:
         """Path -> wanted content; None for a file that must not exist."""
@@ -244,10 +251,20 @@ class ResourceManager:
 
     def _prepare_dirs(self, out: Outcome) -> None:
         out.step(lambda: (ensure_dir(self.paths.pipe_dir, 0o755), ensure_dir(self.paths.log_dir, self.daemon.log_mode)))
+        self._label(out)
         blocked = untraversable_parents(self.paths.pipe_dir)
         if blocked:
             out.warnings.append('%s cannot be traversed by other users: MPS clients that do not run as root will fail to '
                                 'connect (chmod o+x, or run clients as root)' % ', '.join(blocked))
+
+    def _label(self, out: Outcome) -> None:
+        """Give the pipe directory its SELinux type (planned once: after the directory exists, or now to repair it)."""
+        if self._label_planned:
+            return
+        self._label_planned = True
+        current = plan_type(self.paths.pipe_dir, self.selinux_type, out)
+        if self.selinux_type and selinux_enabled() and isinstance(out, DaemonOutcome):
+            out.selinux = {'before': current, 'after': self.selinux_type}
 
     def _repair_log_mode(self, out: Outcome) -> None:
         """Give an existing log directory the wanted mode (no restart: the daemon keeps its open files)."""
@@ -471,6 +488,9 @@ class ResourceManager:
         else:
             self._ensure_running(state, wanted, current, record, out)
         out.after = {'state': state} if wanted is None else dict(wanted.record(), state='running')
+        if out.selinux is not None:
+            out.before['selinux_type'] = out.selinux['before']
+            out.after['selinux_type'] = out.selinux['after']
         return out
 
     # --- absent ----------------------------------------------------------------------------------
@@ -564,6 +584,8 @@ class ResourceManager:
                         out: Outcome) -> None:
         out.devices = [gpu.summary() for gpu in wanted.devices]
         self._repair_log_mode(out)
+        if os.path.isdir(self.paths.pipe_dir):
+            self._label(out)
         differences = self._differences(wanted, current, record)
         if wanted.shm and not self.check_mode and not (current.running and state == 'started' and not differences):
             # A daemon is about to be (re)started with the tmpfs as /dev/shm: find out now, before the old one
@@ -686,6 +708,7 @@ class DaemonSetup:
     nvidia_smi: t.Optional[str]
     busy: str = 'refuse'
     busy_timeout: int = DEFAULT_BUSY_TIMEOUT
+    selinux_type: str = ''
 
     @classmethod
     def from_params(cls, params: t.Mapping[str, t.Any], binary: t.Callable[[t.Optional[str]], str]) -> 'DaemonSetup':
@@ -726,10 +749,16 @@ class DaemonSetup:
             systemctl = Systemctl(systemctl_path)
         daemon = Daemon(paths, control, start_timeout=params['start_timeout'], stop_timeout=params['stop_timeout'],
                         log_mode=log_mode, shm_dir=paths.shm_dir if params['shm'] else None)
-        return cls(paths, config, container, daemon, supervisor, systemctl, nvidia_smi, params['busy'], params['busy_timeout'])
+        selinux_type = params.get('selinux_type') or ''
+        if selinux_type and not re.fullmatch(r'[a-z0-9_]+', selinux_type):
+            raise InvalidParameterError('selinux_type', 'must be an SELinux type name such as container_file_t (letters, '
+                                        'digits, underscores), or empty to leave labels alone; got %r' % selinux_type)
+        return cls(paths, config, container, daemon, supervisor, systemctl, nvidia_smi, params['busy'], params['busy_timeout'],
+                   selinux_type)
 
     def manager(self, nvml: Nvml, check_mode: bool) -> ResourceManager:
         manager = ResourceManager(self.paths, self.config, self.daemon, nvml, self.supervisor, check_mode,
                                   systemctl=self.systemctl, nvidia_smi=self.nvidia_smi)
         manager.busy, manager.busy_timeout = self.busy, self.busy_timeout
+        manager.selinux_type = self.selinux_type
         return manager

@@ -61,6 +61,7 @@ EnvironmentFile={config_dir}/%i.env
 # The default thread percentage (mps_limits), in force from the first client; optional.
 EnvironmentFile=-{config_dir}/%i.limits-env
 ExecStartPre=/bin/mkdir -p -m 0755 ${{CUDA_MPS_PIPE_DIRECTORY}}
+ExecStartPre=/bin/sh -c 'if [ -n "$$MPS_SELINUX_TYPE" ] && command -v selinuxenabled > /dev/null && selinuxenabled; then exec chcon -t "$$MPS_SELINUX_TYPE" "$$CUDA_MPS_PIPE_DIRECTORY"; fi'
 ExecStartPre=/bin/sh -c 'mkdir -p -m "$${{MPS_LOG_MODE:-0700}}" "$$CUDA_MPS_LOG_DIRECTORY" && chmod "$${{MPS_LOG_MODE:-0700}}" "$$CUDA_MPS_LOG_DIRECTORY"'
 ExecStartPre=/bin/sh -c 'if [ -n "$$MPS_COMPUTE_MODE" ]; then exec "$$MPS_NVIDIA_SMI" -i "$$CUDA_VISIBLE_DEVICES" -c "$$MPS_COMPUTE_MODE"; fi'
 ExecStart=/bin/sh -c 'exec "$$MPS_CONTROL" -d $$MPS_DAEMON_ARGS'
@@ -143,7 +144,8 @@ SMI_MODE = {'exclusive_process': 'EXCLUSIVE_PROCESS', 'default': 'DEFAULT'}
 
 
 def unit_environment(paths: ResourcePaths, config: ConfigPaths, uuids: t.Sequence[str], multiuser: bool, compute_mode: str,
-                     control_binary: str, nvidia_smi: t.Optional[str], stop_timeout: int, log_mode: int) -> t.Dict[str, str]:
+                     control_binary: str, nvidia_smi: t.Optional[str], stop_timeout: int, log_mode: int,
+                     selinux_type: str = '') -> t.Dict[str, str]:
     """The instance's environment file: the contract between this collection and the unit template above."""
     values = dict(paths.client_env())
     values.update({
@@ -155,6 +157,7 @@ def unit_environment(paths: ResourcePaths, config: ConfigPaths, uuids: t.Sequenc
         'MPS_STOP_TIMEOUT': str(stop_timeout),
         'MPS_LIMITS_FILE': config.limits_file,
         'MPS_LOG_MODE': format(log_mode, '04o'),
+        'MPS_SELINUX_TYPE': selinux_type,
     })
     return values
 

@@ -1,0 +1,129 @@
+# Copyright: gpufleet.mps contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""SELinux labels of the pipe directory, with ansible-core's libselinux binding replaced by a fake.
+
+No host here runs SELinux: these tests stand in for it. What they cannot show - that an enforcing policy
+then lets a container's client connect - is left to a host with SELinux.
+"""
+from __future__ import annotations
+
+import os
+import types
+
+import pytest
+
+from ansible_collections.gpufleet.mps.plugins.module_utils import _selinux
+from ansible_collections.gpufleet.mps.plugins.module_utils._daemon.manager import DaemonOutcome, DaemonSetup, ResourceManager
+from ansible_collections.gpufleet.mps.plugins.module_utils._errors import InvalidParameterError
+from ansible_collections.gpufleet.mps.plugins.module_utils._outcome import Outcome
+from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import config_paths, resource_paths
+from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.unit import render_unit
+
+
+class FakeSelinux:
+    """libselinux as ansible.module_utils.compat.selinux exposes it: contexts kept per path."""
+
+    def __init__(self, enabled=True):
+        self.enabled = enabled
+        self.contexts = {}
+        self.set_calls = []
+
+    def is_selinux_enabled(self):
+        return 1 if self.enabled else 0
+
+    def lgetfilecon_raw(self, path):
+        if not os.path.lexists(path):
+            raise OSError(2, 'No such file or directory')
+        return [0, self.contexts.get(path, 'system_u:object_r:var_run_t:s0')]
+
+    def lsetfilecon(self, path, context):
+        self.set_calls.append((path, context))
+        self.contexts[path] = context
+        return 0
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    sel = FakeSelinux()
+    monkeypatch.setattr(_selinux, '_sel', sel)
+    return sel
+
+
+@pytest.mark.parametrize('context, wanted', [
+    ('system_u:object_r:var_run_t:s0', 'system_u:object_r:container_file_t:s0'),
+    ('system_u:object_r:tmp_t:s0-s0:c0.c1023', 'system_u:object_r:container_file_t:s0-s0:c0.c1023'),  # MLS level kept
+    ('unconfined_u:object_r:user_tmp_t', 'unconfined_u:object_r:container_file_t'),
+])
+def test_only_the_type_of_a_context_changes(context, wanted):
+    assert _selinux.with_type(context, 'container_file_t') == wanted
+
+
+def test_a_host_without_selinux_is_never_touched(monkeypatch, tmp_path):
+    sel = FakeSelinux(enabled=False)
+    monkeypatch.setattr(_selinux, '_sel', sel)
+    out = Outcome()
+    assert _selinux.plan_type(str(tmp_path), 'container_file_t', out) is None
+    monkeypatch.setattr(_selinux, '_sel', None)  # no libselinux at all
+    assert _selinux.plan_type(str(tmp_path), 'container_file_t', out) is None
+    assert out.actions == [] and sel.set_calls == []
+
+
+def test_a_wrong_type_is_planned_applied_and_then_left_alone(fake, tmp_path):
+    path = str(tmp_path)
+    out = Outcome()
+    assert _selinux.plan_type(path, 'container_file_t', out) == 'var_run_t'
+    assert out.actions == ['set SELinux type container_file_t on %s (was var_run_t)' % path] and fake.set_calls == []
+    out.apply()
+    assert fake.contexts[path] == 'system_u:object_r:container_file_t:s0'
+    again = Outcome()
+    assert _selinux.plan_type(path, 'container_file_t', again) == 'container_file_t' and again.actions == []
+
+
+def test_an_empty_type_leaves_labels_alone(fake, tmp_path):
+    out = Outcome()
+    assert _selinux.plan_type(str(tmp_path), '', out) is None and out.actions == []
+
+
+def _manager(tmp_path, check_mode):
+    paths = resource_paths(str(tmp_path / 'root'), 'train')
+    config = config_paths(str(tmp_path / 'etc'), 'train')
+    daemon = types.SimpleNamespace(binary='/usr/bin/nvidia-cuda-mps-control', log_mode=0o700, start_timeout=30, stop_timeout=30)
+    manager = ResourceManager(paths, config, daemon, nvml=None, supervisor='none', check_mode=check_mode)
+    manager.selinux_type = 'container_file_t'
+    return manager
+
+
+def test_a_pipe_directory_created_by_the_start_is_labelled_after_it_exists(fake, tmp_path):
+    manager = _manager(tmp_path, check_mode=False)
+    out = DaemonOutcome()
+    manager._prepare_dirs(out)
+    assert out.actions == ['set SELinux type container_file_t on %s' % manager.paths.pipe_dir]
+    assert out.selinux == {'before': None, 'after': 'container_file_t'}
+    out.apply()
+    assert fake.set_calls == [(manager.paths.pipe_dir, 'system_u:object_r:container_file_t:s0')]
+
+
+def test_a_drifted_label_is_repaired_once_and_check_mode_only_says_so(fake, tmp_path):
+    manager = _manager(tmp_path, check_mode=True)
+    os.makedirs(manager.paths.pipe_dir)
+    out = DaemonOutcome()
+    manager._label(out)
+    manager._prepare_dirs(out)  # planned once, not twice
+    assert out.actions == ['set SELinux type container_file_t on %s (was var_run_t)' % manager.paths.pipe_dir]
+    assert out.selinux == {'before': 'var_run_t', 'after': 'container_file_t'} and fake.set_calls == []
+
+
+def test_the_option_is_checked_before_anything_happens(tmp_path):
+    params = dict(start_timeout=30, stop_timeout=30, busy_timeout=600, busy='refuse', devices='all', log_mode='0700',
+                  state='started', root=str(tmp_path / 'root'), name='train', container_root='/mps', shm=False,
+                  config_dir=str(tmp_path / 'etc'), control_binary=None, supervisor='none', selinux_type='bad type; rm')
+    with pytest.raises(InvalidParameterError, match='selinux_type'):
+        DaemonSetup.from_params(params, lambda path: '/bin/true')
+    assert not os.path.exists(str(tmp_path / 'root'))
+
+
+def test_the_unit_labels_the_directory_it_creates_where_selinux_is_enabled():
+    unit = render_unit('/etc/gpufleet-mps', 30, 30)
+    pre = [line for line in unit.splitlines() if line.startswith('ExecStartPre=')]
+    assert pre[0].startswith('ExecStartPre=/bin/mkdir')
+    assert 'selinuxenabled; then exec chcon -t "$$MPS_SELINUX_TYPE" "$$CUDA_MPS_PIPE_DIRECTORY"' in pre[1]
