@@ -51,8 +51,9 @@ options:
         M(gpufleet.mps.mps_limits) created for the resource and nothing else - by name, never a whole directory -
         its systemd environment file and drop-ins, C(.started), the persisted limits, the files the daemon leaves in its
         pipe directory and the resource lock. A directory goes only when it is empty afterwards (the pipe and resource
-        directories, O(root) and O(config_dir) included), so files of other tools stay. The template unit
-        C(gpufleet-mps@.service) goes with the last resource of O(config_dir). The logs stay unless O(remove_logs).
+        directories, O(root) and O(config_dir) included), so files of other tools stay, each directory kept for them
+        named in a warning with what it holds. The template unit C(gpufleet-mps@.service) goes with the last resource
+        of O(config_dir). The logs stay unless O(remove_logs).
     type: str
     choices: [started, stopped, restarted, absent]
     default: started

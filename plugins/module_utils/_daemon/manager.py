@@ -25,10 +25,12 @@ from .._outcome import Outcome
 from .._io import atomic_write, ensure_dir, read_text, refuse_unsafe_dirs, remove, untraversable_parents
 from .._proc import child_pids, daemon_dev_shm, process_uid
 from .._protocol.state import read_state
-from .._resource.layout import ConfigPaths, ResourcePaths, config_paths, container_view, managed_dirs, resource_paths, validate_log_mode
+from .._resource.layout import (
+    SHM_DIR, ConfigPaths, ResourcePaths, config_paths, container_view, managed_dirs, resource_paths, validate_log_mode,
+)
 from .._resource.lock import RESOURCE_LOCK
 from .._resource.record import StartRecord, read_record, write_record
-from .._resource.scan import ForeignDaemon, foreign_daemons, gpu_claims, live_daemons
+from .._resource.scan import ForeignDaemon, foreign_daemons, gpu_claims, live_daemons, scan_config, scan_resources
 from .._resource.store import read_persisted, read_replay, write_replay
 from .._selinux import enabled as selinux_enabled, plan_type
 from .._shm import check_unit_path, mounted_at, shm_persisted
@@ -533,10 +535,45 @@ class ResourceManager:
             parents.append(os.path.dirname(self.paths.resource_dir))
         for directory in parents + [self.paths.root, self.config.config_dir]:
             self._remove(directory, out)
+        self._name_foreign(out)
         if os.path.exists(unit_path) and not self._other_instances():
             removed_unit_files = self._remove(unit_path, out) or removed_unit_files
         if removed_unit_files and self.systemctl is not None:
             out.act('systemctl daemon-reload', self.systemctl.daemon_reload)
+
+    def _name_foreign(self, out: Outcome) -> None:
+        """Warn about what absent kept because this collection did not create it (never removed, never silent).
+
+        Another resource's directory or files, the logs kept without ``remove_logs``, ``<root>/shm`` (mps_shm's)
+        and ``<root>/.ready`` (the fleet role's) belong to the collection and are not named.
+        """
+        gone = set(self._would_remove)
+        ours = {os.path.join(self.paths.root, name.split('/')[0]) for name in scan_resources(self.paths.root)}
+        ours |= {os.path.join(self.paths.root, SHM_DIR), os.path.join(self.paths.root, '.ready'), self.paths.log_dir}
+        ours |= {os.path.join(self.paths.resource_dir, name) for name in ('pipe', RESOURCE_LOCK)}
+        for name in scan_config(self.config.config_dir):
+            other = config_paths(self.config.config_dir, name)
+            ours |= {other.env_file, other.limits_file, other.limits_json, other.limits_env}
+        checked = [self.paths.pipe_dir, self.paths.resource_dir]
+        if os.path.dirname(self.paths.resource_dir) != self.paths.root:
+            checked.append(os.path.dirname(self.paths.resource_dir))
+        checked += [self.paths.root, self.config.config_dir]
+        if self.remove_logs:
+            checked.append(self.paths.log_dir)
+            ours.discard(self.paths.log_dir)
+        for directory in checked:
+            if directory in gone or not os.path.isdir(directory) or os.path.ismount(directory):
+                continue
+            try:
+                entries = sorted(os.listdir(directory))
+            except OSError:
+                continue
+            foreign = [name for name in entries
+                       if os.path.join(directory, name) not in gone and os.path.join(directory, name) not in ours
+                       and os.path.join(directory, name) not in checked]
+            if foreign:
+                out.warnings.append('state=absent kept %s: it holds what this collection did not create (%s%s)' % (
+                    directory, ', '.join(foreign[:5]), ', ...' if len(foreign) > 5 else ''))
 
     def _other_instances(self) -> bool:
         """Another resource of this config directory still has an environment file: the template unit stays."""
