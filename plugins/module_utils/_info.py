@@ -35,7 +35,7 @@ from ._resource.layout import (
     resource_paths,
     validate_root,
 )
-from ._resource.scan import gpu_claims, scan_config, scan_resources
+from ._resource.scan import foreign_daemons, gpu_claims, scan_config, scan_resources
 from ._shm import current_state
 
 GATHER_CHOICES = ('gpus', 'daemons', 'servers')
@@ -188,6 +188,7 @@ class Collector:
             facts['gpus'] = [gpu.facts() for gpu in gpus]
         if 'daemons' in self.request.gather:
             facts['daemons'] = self.daemons(gpus, nvml['available'])
+            facts['other_daemons'] = self.other_daemons(gpus)
         facts['shm'] = self.shm()
         # Every resource this collection left something of, running or not: what a teardown must visit.
         facts['resources'] = sorted(set(scan_resources(self.request.root)) | set(scan_config(self.request.config_dir)))
@@ -214,6 +215,21 @@ class Collector:
                 found.append(resource_paths(self.request.root, name))
             except InvalidParameterError:
                 continue  # its control socket could not even be bound: no daemon can be there
+        return found
+
+    def other_daemons(self, gpus: t.Sequence[Gpu]) -> t.List[t.Dict[str, t.Any]]:
+        """The MPS control daemons of the host that are not under the root: another root's, hand-started, the device plugin's."""
+        root = os.path.join(os.path.normpath(self.request.root), '')
+        by_uuid = {gpu.uuid: gpu for gpu in gpus}
+        known, unreadable = foreign_daemons(None, gpus)
+        found = []
+        for daemon in known + unreadable:
+            if daemon.pipe_dir and daemon.pipe_dir.startswith(root):
+                continue
+            found.append({'pid': daemon.pid, 'uid': daemon.uid, 'pipe_dir': daemon.pipe_dir,
+                          'devices': [by_uuid[uuid].summary() for uuid in daemon.uuids if uuid in by_uuid]})
+            if daemon.pipe_dir is None:
+                self.warnings.append('another MPS control daemon runs, %s; its GPUs cannot be told without root' % daemon.describe())
         return found
 
     def daemons(self, gpus: t.Sequence[Gpu], nvml_available: bool) -> t.List[t.Dict[str, t.Any]]:

@@ -201,6 +201,19 @@ control_binary:
   returned: always
   type: str
   sample: /usr/bin/nvidia-cuda-mps-control
+other_daemons:
+  description:
+    - The MPS control daemons of the host that are not under O(root) - under another root, started by hand, NVIDIA's
+      device plugin's - found among the processes (C(nvidia-cuda-mps-control -d) or C(-f)). The modules never take
+      their GPUs. C(pipe_dir) is the daemon's C(CUDA_MPS_PIPE_DIRECTORY) as it names it (in its own mount namespace),
+      null with C(devices) empty when its environment cannot be read (another user's, without root); C(devices)
+      are the GPUs its C(CUDA_VISIBLE_DEVICES) names (every GPU when unset).
+  returned: when O(gather) includes V(daemons)
+  type: list
+  elements: dict
+  sample: [{pid: 5120, uid: 0, pipe_dir: /tmp/nvidia-mps, devices: [{index: 0, uuid: GPU-0aac1e75-0ca4-47bb-816e-bead2982d24c,
+            name: NVIDIA H100 80GB HBM3}]}]
+  version_added: 0.2.0
 daemons:
   description:
     - Every resource under O(root) (only O(name) when given) whose daemon is running or left files behind, by name.

@@ -123,9 +123,9 @@ class ForeignDaemon:
         return 'pid %d (pipe directory %s, uid %s)' % (self.pid, self.pipe_dir or 'unknown: its environment cannot be read', self.uid)
 
 
-def foreign_daemons(own_pipe_dir: str, gpus: t.Sequence[Gpu], own_pid: t.Optional[int] = None,
+def foreign_daemons(own_pipe_dir: t.Optional[str], gpus: t.Sequence[Gpu], own_pid: t.Optional[int] = None,
                     proc: str = '/proc') -> t.Tuple[t.List[ForeignDaemon], t.List[ForeignDaemon]]:
-    """The control daemons on the host other than the one of ``own_pipe_dir``: (those whose GPUs are known, the unreadable).
+    """The control daemons on the host other than the one of ``own_pipe_dir`` (None: all): (those whose GPUs are known, the unreadable).
 
     Found from the processes, so daemons under another root, started by hand or by NVIDIA's device
     plugin (in a container: its pipe directory is looked up through its own root) are all seen. A
@@ -141,8 +141,9 @@ def foreign_daemons(own_pipe_dir: str, gpus: t.Sequence[Gpu], own_pid: t.Optiona
             continue
         # The same directory seen through the daemon's own root (a container's daemon names its own path);
         # where that cannot be read, the same path.
-        same = same_directory('%s/%d/root%s' % (proc, found.pid, pipe), own_pipe_dir)
-        if same or (same is None and pipe == os.path.normpath(own_pipe_dir)):
-            continue
+        if own_pipe_dir is not None:
+            same = same_directory('%s/%d/root%s' % (proc, found.pid, pipe), own_pipe_dir)
+            if same or (same is None and pipe == os.path.normpath(own_pipe_dir)):
+                continue
         known.append(ForeignDaemon(found.pid, pipe, found.uid, [gpu.uuid for gpu in visible_gpus(found.visible_devices, gpus)]))
     return known, unreadable
