@@ -1,0 +1,106 @@
+# Copyright: gpufleet.mps contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The health check that keeps ``<root>/.ready`` true between Ansible runs: a script, a oneshot unit, a timer.
+
+The fleet role writes ``<root>/.ready`` when every daemon it manages answers; without this the mark only
+reflects the last run - missing after a reboot until Ansible runs again, still there while a daemon hangs.
+The script asks every daemon the modules' own health question (``get_default_active_thread_percentage``,
+answered with one ``%.1f`` line) within a timeout, and writes or withdraws the mark. It checks the
+resources of ``config_dir`` whose pipe directory is under ``root`` and whose unit is enabled (a pruned
+resource's unit is disabled), reading each one's environment file; like the unit, it runs nothing of this
+collection, only ``sh`` and the control binary the environment file names.
+"""
+
+from __future__ import annotations
+
+import os
+import typing as t
+
+from .._errors import MpsError
+
+HEALTH_NAME = 'gpufleet-mps-health'
+SCRIPT_PATH = '/usr/local/libexec/gpufleet-mps/health'
+
+# Placeholders @ROOT@, @CONFIG_DIR@, @WANTS_DIR@, @TIMEOUT@ (the shell needs its braces).
+SCRIPT_TEMPLATE = r"""#!/bin/sh
+# Managed by the gpufleet.mps Ansible collection (fleet role). Local changes are overwritten.
+# Writes @ROOT@/.ready when every MPS daemon of the root answers its health question, withdraws it otherwise.
+root='@ROOT@'
+config_dir='@CONFIG_DIR@'
+wants='@WANTS_DIR@'
+timeout_s=@TIMEOUT@
+healthy=0
+sick=0
+for env in "$config_dir"/*.env; do
+  [ -f "$env" ] || continue
+  instance=$(basename "$env" .env)
+  [ -e "$wants/gpufleet-mps@$instance.service" ] || continue   # not enabled: pruned or stopped on purpose
+  pipe=$(sed -n 's/^CUDA_MPS_PIPE_DIRECTORY=//p' "$env")
+  control=$(sed -n 's/^MPS_CONTROL=//p' "$env")
+  case "$pipe" in "$root"/*) ;; *) continue ;; esac
+  answer=$(echo get_default_active_thread_percentage | CUDA_MPS_PIPE_DIRECTORY="$pipe" timeout "$timeout_s" "$control" 2>&1)
+  if printf '%s\n' "$answer" | grep -Eqx '[0-9]+[.][0-9]'; then
+    healthy=$((healthy + 1))
+  else
+    sick=$((sick + 1))
+    echo "gpufleet-mps-health: the MPS daemon of $pipe did not answer within ${timeout_s}s: $answer" >&2
+  fi
+done
+if [ "$healthy" -gt 0 ] && [ "$sick" -eq 0 ]; then
+  [ -e "$root/.ready" ] || { : > "$root/.ready" && echo "gpufleet-mps-health: $healthy daemon(s) healthy: $root/.ready written"; }
+else
+  [ ! -e "$root/.ready" ] || { rm -f "$root/.ready" && echo "gpufleet-mps-health: $root/.ready withdrawn ($sick not answering, $healthy healthy)" >&2; }
+fi
+exit 0
+"""
+
+SERVICE_TEMPLATE = """\
+# Managed by the gpufleet.mps Ansible collection (fleet role). Local changes are overwritten.
+[Unit]
+Description=Health of the NVIDIA CUDA MPS daemons under {root} (gpufleet.mps): {root}/.ready
+After=multi-user.target
+
+[Service]
+Type=oneshot
+ExecStart={script}
+TimeoutStartSec={start_timeout}
+"""
+
+TIMER_TEMPLATE = """\
+# Managed by the gpufleet.mps Ansible collection (fleet role). Local changes are overwritten.
+[Unit]
+Description=Check the NVIDIA CUDA MPS daemons under {root} every {interval}s (gpufleet.mps)
+
+[Timer]
+OnBootSec={boot_delay}s
+OnUnitActiveSec={interval}s
+AccuracySec=1s
+
+[Install]
+WantedBy=timers.target
+"""
+
+
+def _quoted(value: str, what: str) -> str:
+    """A path the script can carry between single quotes (and a unit file, ``%`` doubled there)."""
+    if not os.path.isabs(value) or any(char in value for char in "'\n\r\0\\%"):
+        raise MpsError('%s: %r cannot be written into the health check (absolute, without quotes, backslashes or %%)' % (what, value))
+    return value
+
+
+def render_health(root: str, config_dir: str, unit_dir: str = '/etc/systemd/system', interval: int = 30,
+                  timeout: int = 10, script: str = SCRIPT_PATH) -> t.Dict[str, str]:
+    """The health check's files: path -> content (the script, the oneshot service, its timer)."""
+    if interval < 5 or timeout < 1:
+        raise MpsError('the health check needs an interval of at least 5 s and a timeout of at least 1 s')
+    root = _quoted(os.path.normpath(root), 'root')
+    config_dir = _quoted(os.path.normpath(config_dir), 'config_dir')
+    wants = _quoted(os.path.join(unit_dir, 'multi-user.target.wants'), 'unit_dir')
+    return {
+        _quoted(script, 'script'): (SCRIPT_TEMPLATE.replace('@ROOT@', root).replace('@CONFIG_DIR@', config_dir)
+                                    .replace('@WANTS_DIR@', wants).replace('@TIMEOUT@', str(int(timeout)))),
+        os.path.join(unit_dir, HEALTH_NAME + '.service'): SERVICE_TEMPLATE.format(
+            root=root, script=script, start_timeout=int(timeout) * 64 + 30),
+        os.path.join(unit_dir, HEALTH_NAME + '.timer'): TIMER_TEMPLATE.format(root=root, interval=int(interval),
+                                                                               boot_delay=int(interval)),
+    }
