@@ -19,7 +19,7 @@ import typing as t
 from .._errors import MpsError
 
 HEALTH_NAME = 'gpufleet-mps-health'
-SCRIPT_PATH = '/usr/local/libexec/gpufleet-mps/health'
+SCRIPT_PATH = '/usr/local/sbin/gpufleet-mps-health'
 
 # Placeholders @ROOT@, @CONFIG_DIR@, @WANTS_DIR@, @TIMEOUT@ (the shell needs its braces).
 SCRIPT_TEMPLATE = r"""#!/bin/sh

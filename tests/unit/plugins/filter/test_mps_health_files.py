@@ -12,7 +12,7 @@ from ansible_collections.gpufleet.mps.plugins.filter.mps_health_files import mps
 def test_the_script_then_the_units_with_their_modes():
     files = mps_health_files('/run/nvidia/mps', '/etc/gpufleet-mps', interval='60', timeout=5)
     assert [(entry['path'], entry['mode']) for entry in files] == [
-        ('/usr/local/libexec/gpufleet-mps/health', '0755'),
+        ('/usr/local/sbin/gpufleet-mps-health', '0755'),
         ('/etc/systemd/system/gpufleet-mps-health.service', '0644'),
         ('/etc/systemd/system/gpufleet-mps-health.timer', '0644'),
     ]

@@ -116,9 +116,9 @@ def test_the_units_and_what_they_refuse(tmp_path):
     files = render_health('/run/mps/', '/etc/gpufleet-mps', str(tmp_path), interval=45, timeout=5)
     service = files[str(tmp_path / 'gpufleet-mps-health.service')]
     timer = files[str(tmp_path / 'gpufleet-mps-health.timer')]
-    assert 'Type=oneshot' in service and 'ExecStart=/usr/local/libexec/gpufleet-mps/health' in service
+    assert 'Type=oneshot' in service and 'ExecStart=/usr/local/sbin/gpufleet-mps-health' in service
     assert 'OnUnitActiveSec=45s' in timer and 'WantedBy=timers.target' in timer
-    assert "root='/run/mps'" in files['/usr/local/libexec/gpufleet-mps/health']
+    assert "root='/run/mps'" in files['/usr/local/sbin/gpufleet-mps-health']
     with pytest.raises(MpsError, match='root'):
         render_health("/run/it's", '/etc/gpufleet-mps')
     with pytest.raises(MpsError, match='interval'):
