@@ -62,9 +62,15 @@ simhost-reset:
 	$(MAKE) simhost
 
 # --- tests --------------------------------------------------------------------------------------
-.PHONY: test collection sanity units integration lint changelog-lint docs-lint docs test-fakes molecule packaging bench-quick ee runner
+.PHONY: test collection sanity units integration lint changelog-lint docs-lint docs test-fakes molecule packaging bench-quick ee runner leftovers
 test: changelog-lint test-fakes sanity units integration lint docs-lint docs packaging ee runner bench-quick molecule
+	$(MAKE) leftovers
 	@echo 'make test: all passed'
+
+# Every step stops what it started: fail, naming them, when a process of this checkout's tests (a simulated
+# daemon, server or client) is still running (hacking/leftovers.py; other checkouts' are not looked at).
+leftovers:
+	$(VPY) hacking/leftovers.py $(CURDIR) $(TEST_ROOT)
 
 collection: venv
 	hacking/collection-tree.sh $(TEST_ROOT) >/dev/null
@@ -124,7 +130,7 @@ test-fakes: simhost
 # per-scenario state ("already prepared") across runs; each run starts from a reset.
 molecule: collection simhost
 	if ls extensions/molecule/*/molecule.yml >/dev/null 2>&1; then \
-	  . $(SIMHOST)/env && \
+	  . $(SIMHOST)/env && export GPUFLEET_TEST_ROOT=$(TEST_ROOT) && \
 	  for scenario in $(if $(SCENARIO),$(SCENARIO),$$(ls extensions/molecule/*/molecule.yml | xargs -n1 dirname | xargs -n1 basename)); do \
 	    $(VENV)/bin/molecule reset -s $$scenario >/dev/null; \
 	  done && \
@@ -132,17 +138,30 @@ molecule: collection simhost
 	else echo 'molecule: no scenarios yet'; fi
 
 .PHONY: demo demo-clean
-# The README's first command: the fleet role on a simulated 4-GPU host, twice (the second run changes nothing).
+# The README's first command: the fleet role on a simulated 4-GPU host, twice (the second run changes nothing),
+# in this checkout's own directory; it fails unless every resource runs a healthy daemon.
+DEMO_DIR := $(TEST_ROOT)/demo
+# This checkout's collection (the tree `make collection` copies), never a copy installed elsewhere (molecule
+# installs one in ~/.ansible/collections, which any checkout may have written last).
+DEMO = . $(SIMHOST)/env && GPUFLEET_DEMO_DIR=$(DEMO_DIR) ANSIBLE_COLLECTIONS_PATH=$(TEST_ROOT) \
+  ANSIBLE_STDOUT_CALLBACK=default ANSIBLE_DISPLAY_SKIPPED_HOSTS=false ansible-playbook -i localhost, hacking/demo.yml
 demo: collection simhost
-	. $(SIMHOST)/env && ANSIBLE_STDOUT_CALLBACK=default ANSIBLE_DISPLAY_SKIPPED_HOSTS=false \
-	  ansible-playbook -i localhost, hacking/demo.yml
+	mkdir -p $(DEMO_DIR)
+	$(DEMO)
 	@echo '--- the same run again: nothing to change ---'
-	. $(SIMHOST)/env && ansible-playbook -i localhost, hacking/demo.yml | tail -n 3
+	$(DEMO) > $(DEMO_DIR)/again.log || { cat $(DEMO_DIR)/again.log; exit 1; }
+	tail -n 3 $(DEMO_DIR)/again.log
+	grep -Eq 'localhost +: ok=[0-9]+ +changed=0 +unreachable=0 +failed=0' $(DEMO_DIR)/again.log
 	@echo 'Tear it down with: make demo-clean'
 
+# The role's teardown, then nothing of the demo may run any more (checked), and its directory goes.
 demo-clean: collection simhost
-	. $(SIMHOST)/env && ansible-playbook -i localhost, hacking/demo.yml -e mps_state=absent -e mps_remove_logs=true | tail -n 3
-	rm -rf /tmp/gpufleet-demo
+	if [ -d $(DEMO_DIR)/host ]; then \
+	  $(DEMO) -e mps_state=absent -e mps_remove_logs=true > $(DEMO_DIR)/clean.log || { cat $(DEMO_DIR)/clean.log; exit 1; }; \
+	  tail -n 3 $(DEMO_DIR)/clean.log; \
+	fi
+	$(VPY) hacking/leftovers.py $(DEMO_DIR)
+	rm -rf $(DEMO_DIR)
 
 .PHONY: clean
 clean:
