@@ -12,14 +12,17 @@ description:
     server it starts - explicitly, or computed from a replica count as NVIDIA's device plugin does.
   - MPS forgets these defaults on every restart. The module persists the wanted limits under O(config_dir); they are
     replayed right after every start of the daemon - by M(gpufleet.mps.mps_daemon) and by the systemd unit - so a
-    crash, restart or reboot gets them back before any client connects.
+    crash, restart or reboot gets them back. The default thread percentage is also in the daemon's start environment
+    (NVIDIA documents it as the default of every server), so it binds the first client; the pinned memory limits are
+    set in the first control session after the daemon answers.
   - Reads everything it needs from the daemon in one control UI process, and applies only the differences in at
     most one more. The daemon reads memory limits back rounded down to whole GiB (V(3840M) reads V(3G)); the
     persisted record is the truth for what was set, the read-back detects drift.
   - Devices are addressed by the daemon's ordinals (its C(CUDA_VISIBLE_DEVICES) order), never by UUID - limits set
     by UUID are accepted but not applied by real drivers.
-  - When the daemon is not running, the limits are persisted only (RV(applied=false), with a warning); its next start
-    applies them. Setting limits before the first start is the safe order - no server ever starts without them.
+  - When the daemon is not running, the limits are persisted only (RV(applied=false)); its next start applies them.
+    Setting limits before the first start is the safe order - no server ever starts without them - and gives no
+    warning; a daemon that was started (its C(.started) record is there) but does not run now does.
 extends_documentation_fragment:
   - gpufleet.mps._common
 attributes:
@@ -41,8 +44,10 @@ options:
   pinned_device_mem_limit:
     description:
       - Default pinned device memory limit - one size for every GPU of the daemon, or a mapping from host GPU index or
-        UUID to a size, for example V(20G), V(20480M), V(20GiB) or V(1.5G). M and MiB are 2^20 bytes, G and GiB 2^30.
-        Sizes are normalised to whole MiB.
+        UUID to a size, for example V(20G), V(20480M), V(20GiB) or V(1.5G). M and MiB are 2^20 bytes, G and GiB 2^30,
+        as MPS itself reads them. Sizes are normalised to whole MiB.
+      - C(GB) and C(MB) are refused as ambiguous (10^9 or 2^30 bytes?) - the message gives the binary and the MiB forms.
+      - A size larger than a GPU's memory is refused, naming the GPU and its size; all of it is allowed.
       - Overrides the values computed from O(replicas).
     type: raw
   replicas:
@@ -113,7 +118,7 @@ EXAMPLES = r'''
         name: batch
         replicas: 8
         create: true
-    - name: Start its daemon, which applies them before any client connects
+    - name: Start its daemon, which applies them
       gpufleet.mps.mps_daemon:
         name: batch
         devices: [3]

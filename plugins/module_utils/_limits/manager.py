@@ -126,6 +126,12 @@ class LimitsManager:
             limits.active_thread_percentage = parse_wanted_percentage(percentage)
         if mem is not None:
             limits.pinned_device_mem_limit = self._wanted_mem(scope, mem)
+            for gpu in scope:
+                mib = limits.mem_for(gpu.uuid)
+                if mib is not None and mib > gpu.memory_total_mib:
+                    raise InvalidParameterError('pinned_device_mem_limit', '%d MiB is more than GPU %d (%s, %s) has: %d MiB '
+                                                '(%.1f GiB)' % (mib, gpu.index, gpu.uuid, gpu.name, gpu.memory_total_mib,
+                                                                gpu.memory_total_mib / 1024.0))
         return limits
 
     def _wanted_mem(self, scope: t.Sequence[Gpu], mem: t.Any) -> t.Dict[str, int]:
@@ -204,8 +210,13 @@ class LimitsManager:
             out.before = {'active_thread_percentage': persisted.active_thread_percentage if persisted else None,
                           'pinned_device_mem_limit': {str(o): _mib_text(persisted.mem_for(g.uuid)) if persisted else None
                                                       for o, g in enumerate(scope)}}
-            out.warnings.append('the MPS control daemon of %r is not running: the limits were not applied now; they will '
-                                'be applied when it starts' % self.paths.name)
+            # Persisting before the first start is the normal order (the fleet role's): no warning. A daemon that
+            # was started (its record is there) and is not running now is worth one.
+            record = read_record(self.paths)
+            if record is not None:
+                out.warnings.append('the MPS control daemon of %r was started (%s) but is not running now: the limits were '
+                                    'not applied now; they will be applied when it starts again' % (
+                                        self.paths.name, record.started_at or 'at an unknown time'))
         if persist_limits:
             uuids = [g.uuid for g in scope]
             if persist(self.config, wanted, check_mode=True):

@@ -20,7 +20,9 @@ from .._protocol.commands import command
 FORMAT_VERSION = 1
 EVERY_GPU = '*'
 SIZE_FORM = 'a size such as 20G, 20480M, 20GiB or 1.5G (M and MiB are 2^20 bytes, G and GiB 2^30)'
-_SIZE = re.compile(r'(?P<number>\d+(?:\.\d+)?)(?P<unit>[MG])(?:i?B)?', re.IGNORECASE)
+# MPS takes M and G, both binary. "GB" and "MB" are refused rather than guessed: to some they are 10^9 and
+# 10^6 bytes, and reading "20GB" as 20 GiB (what this collection did before) gives 7% more than meant.
+_SIZE = re.compile(r'(?P<number>\d+(?:\.\d+)?)(?P<unit>[MG])(?P<suffix>iB|B)?', re.IGNORECASE)
 _READBACK = re.compile(r'(?P<number>\d+)(?P<unit>[MG])')
 _PERCENT_TOLERANCE = 0.05
 
@@ -33,6 +35,15 @@ def parse_size(value: t.Any, param: str) -> int:
     if not match:
         raise InvalidParameterError(param, '%r is not %s' % (value, SIZE_FORM))
     number = float(match.group('number'))
+    if (match.group('suffix') or '').lower() == 'b':
+        decimal = number * (10 ** 9 if match.group('unit').upper() == 'G' else 10 ** 6)
+        raise InvalidParameterError(param, '%r is ambiguous: %sB is 10^%d bytes to some and 2^%d to others, and MPS only '
+                                    'takes binary sizes - write %s%s or %s%siB for 2^%d bytes each, or %dM for %s decimal bytes' % (
+                                        value, match.group('unit').upper(), 9 if match.group('unit').upper() == 'G' else 6,
+                                        30 if match.group('unit').upper() == 'G' else 20,
+                                        match.group('number'), match.group('unit').upper(), match.group('number'),
+                                        match.group('unit').upper(), 30 if match.group('unit').upper() == 'G' else 20,
+                                        decimal // 2 ** 20, '%g' % decimal))
     mib = number * (1024 if match.group('unit').upper() == 'G' else 1)
     if not mib.is_integer():
         raise InvalidParameterError(param, '%r is not a whole number of MiB (%.2f MiB)' % (value, mib))

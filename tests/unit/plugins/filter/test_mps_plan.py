@@ -44,6 +44,12 @@ def test_default_resource_takes_every_gpu_and_has_no_limits():
     ([{'name': 'a', 'devices': [0, 2], 'replicas': {'NVIDIA*': 4, 'default': 2}}], 'different replicas'),
     ([{'name': 'a', 'replicas': 0}], 'at least 1'),
     ({'name': 'a'}, 'must be a list'),
+    ([{'name': 'a', 'devices': [0], 'pinned_device_mem_limit': '20 GB'}], r'mps_resources\[a\]\.pinned_device_mem_limit: .*20 GB'),
+    ([{'name': 'a', 'devices': [0], 'pinned_device_mem_limit': '20GB'}], 'ambiguous'),
+    ([{'name': 'a', 'devices': [0], 'pinned_device_mem_limit': '200G'}], r'204800 MiB is more than GPU 0 .* has: 81559 MiB'),
+    ([{'name': 'a', 'devices': [0, 1], 'pinned_device_mem_limit': {1: '90G'}}], 'more than GPU 1'),
+    ([{'name': 'a', 'devices': [0], 'active_thread_percentage': 150}], r'mps_resources\[a\]\.active_thread_percentage'),
+    ([{'name': 'a', 'devices': [2], 'multiuser': True}], r'multiuser: needs GPUs of compute capability 7\.0 or newer; GPU 2'),
     ([{'devices': [0]}], 'with a name'),
 ])
 def test_preflight_refuses_bad_resource_lists_naming_the_resource(resources, message):

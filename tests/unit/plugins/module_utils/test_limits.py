@@ -18,10 +18,29 @@ from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout impo
 
 
 @pytest.mark.parametrize('value, mib', [
-    ('20G', 20480), ('20480M', 20480), ('20GiB', 20480), ('1.5G', 1536), ('512MiB', 512), ('3840m', 3840), ('1gb', 1024),
+    ('20G', 20480), ('20480M', 20480), ('20GiB', 20480), ('1.5G', 1536), ('512MiB', 512), ('3840m', 3840), ('1gib', 1024),
 ])
 def test_sizes_are_normalised_to_whole_mib(value, mib):
     assert _limits.parse_size(value, 'p') == mib
+
+
+def test_decimal_units_are_refused_not_guessed():
+    with pytest.raises(InvalidParameterError, match=r"'20GB' is ambiguous: GB is 10\^9 bytes to some and 2\^30 to others.*"
+                                                    r"write 20G or 20GiB for 2\^30 bytes each, or 19073M for 2e\+10 decimal bytes"):
+        _limits.parse_size('20GB', 'pinned_device_mem_limit')
+    for value in ('512MB', '1gb', '2Gb'):
+        with pytest.raises(InvalidParameterError, match='ambiguous'):
+            _limits.parse_size(value, 'pinned_device_mem_limit')
+
+
+def test_a_limit_over_a_gpus_memory_is_refused_naming_the_gpu_and_its_size(manager):
+    gpus = [gpu(0, 'Tesla T4', 15360), gpu(1, 'Tesla T4', 15360)]
+    with pytest.raises(InvalidParameterError, match=r'^pinned_device_mem_limit: 16384 MiB is more than GPU 0 \(GPU-00000000.*, '
+                                                    r'Tesla T4\) has: 15360 MiB \(15\.0 GiB\)'):
+        manager(gpus).wanted(gpus, None, '16G', None)
+    with pytest.raises(InvalidParameterError, match='more than GPU 1'):
+        manager(gpus).wanted(gpus, None, {1: '20G'}, None)
+    assert manager(gpus).wanted(gpus, None, '15G', None).mem_for(gpus[0].uuid) == 15360  # all of it is allowed
 
 
 @pytest.mark.parametrize('value', ['0M', '-1G', '12X', '1e3M', '', '5G\nquit', ' 5G', '5 G', '5G ', '1.3G', '1000', 1000, True, None, 'G'])
