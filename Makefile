@@ -78,7 +78,7 @@ collection: venv
 sanity: collection ansible-test-bootstrap deps
 	cd $(COLL) && $(ANSIBLE_TEST) sanity --python 3.11 --color no --venv --requirements
 
-units: collection ansible-test-bootstrap
+units: collection ansible-test-bootstrap deps
 	if [ -d tests/unit ]; then cd $(COLL) && $(ANSIBLE_TEST) units --python 3.11 --color no --venv --requirements; \
 	else echo 'units: no tests/unit yet'; fi
 

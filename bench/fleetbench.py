@@ -252,6 +252,7 @@ def role_playbook() -> str:
     mps_python: "{{ sim_dir }}/py"
     mps_supervisor: none
     mps_stop_timeout: 5
+    mps_logrotate_dir: "{{ sim_dir }}/logrotate.d"
     mps_resources:
 %s
   roles:

@@ -2,6 +2,7 @@
 # Install the Debian packages the test suite needs, only those missing. Safe to run repeatedly.
 #   the shellcheck package - so ansible-test's shellcheck sanity test really runs instead of skipping
 #   gcc, make   - to build the fake libnvidia-ml.so.1
+#   logrotate   - the fleet role's log rotation drop-in is checked with logrotate --debug
 #   systemd-container, debootstrap, zstd, procps - the molecule systemd scenario boots a Debian guest
 #               with systemd-nspawn (tests/nspawn/)
 set -euo pipefail
@@ -14,6 +15,7 @@ declare -A need=(
   [debootstrap]=debootstrap
   [zstd]=zstd
   [pgrep]=procps
+  [logrotate]=logrotate
 )
 
 missing=()
