@@ -253,6 +253,7 @@ def role_playbook() -> str:
     mps_supervisor: none
     mps_stop_timeout: 5
     mps_logrotate_dir: "{{ sim_dir }}/logrotate.d"
+    mps_local_facts_dir: "{{ sim_dir }}/facts.d"
     mps_resources:
 %s
   roles:
