@@ -106,7 +106,7 @@ docs: collection
 
 # The benchmark in its smallest form, so it keeps working (bench/README.md; never judges wall-clock times).
 bench-quick: collection simhost
-	$(VPY) bench/fleetbench.py --hosts 2 --reps 1 --out $(TEST_ROOT)/bench-quick
+	$(VPY) bench/fleetbench.py --hosts 2 --reps 1 --out $(TEST_ROOT)/bench-quick --sim-base $(TEST_ROOT)
 
 # The galaxy tarball: no dev artefacts in it, and the installed copy runs by FQCN.
 packaging: simhost

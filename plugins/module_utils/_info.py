@@ -219,13 +219,10 @@ class Collector:
 
     def other_daemons(self, gpus: t.Sequence[Gpu]) -> t.List[t.Dict[str, t.Any]]:
         """The MPS control daemons of the host that are not under the root: another root's, hand-started, the device plugin's."""
-        root = os.path.join(os.path.normpath(self.request.root), '')
         by_uuid = {gpu.uuid: gpu for gpu in gpus}
-        known, unreadable = foreign_daemons(None, gpus)
+        known, unreadable = foreign_daemons(None, gpus, outside=self.request.root)
         found = []
         for daemon in known + unreadable:
-            if daemon.pipe_dir and daemon.pipe_dir.startswith(root):
-                continue
             found.append({'pid': daemon.pid, 'uid': daemon.uid, 'pipe_dir': daemon.pipe_dir,
                           'devices': [by_uuid[uuid].summary() for uuid in daemon.uuids if uuid in by_uuid]})
             if daemon.pipe_dir is None:

@@ -115,7 +115,7 @@ options:
   multiuser:
     description:
       - Start the daemon with C(-multiuser-server) - one server shared by clients of every user.
-      - Refused, before anything is done, when a GPU of O(devices) has a compute capability below 7.0 (before Volta):
+      - Refused, before anything is done, when a GPU of O(devices) has a compute capability below 7.0 (before Volta) -
         the driver starts C(-multiuser-server) there, but clients that are not root then fail to connect.
     type: bool
     default: false

@@ -149,12 +149,10 @@ class ResourceManager:
         plugin's.
         """
         if self._foreign is None:
-            known, unreadable = foreign_daemons(self.paths.pipe_dir, self.nvml.gpus(), self._own_pid)
-            ours = os.path.join(os.path.normpath(self.paths.root), '')
+            # A resource of this root is left to its record (owned_elsewhere names the resource).
+            known, unreadable = foreign_daemons(self.paths.pipe_dir, self.nvml.gpus(), self._own_pid, outside=self.paths.root)
             claims: t.Dict[str, ForeignDaemon] = {}
             for daemon in known:
-                if daemon.pipe_dir and daemon.pipe_dir.startswith(ours):
-                    continue  # a resource of this root: its record says more (owned_elsewhere)
                 for uuid in daemon.uuids:
                     claims.setdefault(uuid, daemon)
             self._foreign = (claims, unreadable)

@@ -124,12 +124,14 @@ class ForeignDaemon:
 
 
 def foreign_daemons(own_pipe_dir: t.Optional[str], gpus: t.Sequence[Gpu], own_pid: t.Optional[int] = None,
-                    proc: str = '/proc') -> t.Tuple[t.List[ForeignDaemon], t.List[ForeignDaemon]]:
+                    proc: str = '/proc', outside: t.Optional[str] = None) -> t.Tuple[t.List[ForeignDaemon], t.List[ForeignDaemon]]:
     """The control daemons on the host other than the one of ``own_pipe_dir`` (None: all): (those whose GPUs are known, the unreadable).
 
     Found from the processes, so daemons under another root, started by hand or by NVIDIA's device
     plugin (in a container: its pipe directory is looked up through its own root) are all seen. A
-    daemon whose environment cannot be read (another user's, without root) may serve any GPU.
+    daemon whose environment cannot be read (another user's, without root) may serve any GPU. With
+    ``outside``, the daemons whose pipe directory is under that root are left out (their start records
+    say more about them).
     """
     known, unreadable = [], []
     for found in control_daemons(proc):
@@ -145,5 +147,7 @@ def foreign_daemons(own_pipe_dir: t.Optional[str], gpus: t.Sequence[Gpu], own_pi
             same = same_directory('%s/%d/root%s' % (proc, found.pid, pipe), own_pipe_dir)
             if same or (same is None and pipe == os.path.normpath(own_pipe_dir)):
                 continue
+        if outside is not None and pipe.startswith(os.path.join(os.path.normpath(outside), '')):
+            continue
         known.append(ForeignDaemon(found.pid, pipe, found.uid, [gpu.uuid for gpu in visible_gpus(found.visible_devices, gpus)]))
     return known, unreadable

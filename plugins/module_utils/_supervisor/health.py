@@ -101,6 +101,6 @@ def render_health(root: str, config_dir: str, unit_dir: str = '/etc/systemd/syst
                                     .replace('@WANTS_DIR@', wants).replace('@TIMEOUT@', str(int(timeout)))),
         os.path.join(unit_dir, HEALTH_NAME + '.service'): SERVICE_TEMPLATE.format(
             root=root, script=script, start_timeout=int(timeout) * 64 + 30),
-        os.path.join(unit_dir, HEALTH_NAME + '.timer'): TIMER_TEMPLATE.format(root=root, interval=int(interval),
-                                                                               boot_delay=int(interval)),
+        os.path.join(unit_dir, HEALTH_NAME + '.timer'): TIMER_TEMPLATE.format(
+            root=root, interval=int(interval), boot_delay=int(interval)),
     }

@@ -40,6 +40,13 @@ _REPLAY = (
     'if [ -n "$$bad" ]; then echo "gpufleet-mps: the daemon rejected a limit of $$MPS_LIMITS_FILE: $$bad" >&2; exit 1; fi; fi'
 )
 
+# The pipe directory's SELinux type (mps_daemon selinux_type), set where SELinux is enabled, each time the
+# directory may have been made anew (at boot /run is empty).
+_LABEL = (
+    'if [ -n "$$MPS_SELINUX_TYPE" ] && command -v selinuxenabled > /dev/null && selinuxenabled; then '
+    'exec chcon -t "$$MPS_SELINUX_TYPE" "$$CUDA_MPS_PIPE_DIRECTORY"; fi'
+)
+
 # "$$" is a literal "$" for systemd, so the shell, not systemd, expands the variables that the
 # EnvironmentFile exported to it.
 UNIT_TEMPLATE = """\
@@ -61,7 +68,7 @@ EnvironmentFile={config_dir}/%i.env
 # The default thread percentage (mps_limits), in force from the first client; optional.
 EnvironmentFile=-{config_dir}/%i.limits-env
 ExecStartPre=/bin/mkdir -p -m 0755 ${{CUDA_MPS_PIPE_DIRECTORY}}
-ExecStartPre=/bin/sh -c 'if [ -n "$$MPS_SELINUX_TYPE" ] && command -v selinuxenabled > /dev/null && selinuxenabled; then exec chcon -t "$$MPS_SELINUX_TYPE" "$$CUDA_MPS_PIPE_DIRECTORY"; fi'
+ExecStartPre=/bin/sh -c '""" + _LABEL + """'
 ExecStartPre=/bin/sh -c 'mkdir -p -m "$${{MPS_LOG_MODE:-0700}}" "$$CUDA_MPS_LOG_DIRECTORY" && chmod "$${{MPS_LOG_MODE:-0700}}" "$$CUDA_MPS_LOG_DIRECTORY"'
 ExecStartPre=/bin/sh -c 'if [ -n "$$MPS_COMPUTE_MODE" ]; then exec "$$MPS_NVIDIA_SMI" -i "$$CUDA_VISIBLE_DEVICES" -c "$$MPS_COMPUTE_MODE"; fi'
 ExecStart=/bin/sh -c 'exec "$$MPS_CONTROL" -d $$MPS_DAEMON_ARGS'

@@ -80,6 +80,8 @@ def test_foreign_daemons_leave_out_the_own_one_by_pid_and_by_pipe_directory(tmp_
     assert [daemon.pid for daemon in unreadable] == [23]
     known, unreadable = foreign_daemons('/else/pipe', GPUS, own_pid=21, proc=str(proc))
     assert [daemon.pid for daemon in known] == [20, 22]
+    known, unreadable = foreign_daemons('/else/pipe', GPUS, proc=str(proc), outside='/other')  # a root's own daemons
+    assert [daemon.pid for daemon in known] == [20, 22]
 
 
 @pytest.fixture
@@ -92,7 +94,8 @@ def manager(tmp_path):
 
 
 def _foreign(monkeypatch, manager, known, unreadable=()):
-    monkeypatch.setattr(_manager, 'foreign_daemons', lambda pipe, gpus, pid: (list(known), list(unreadable)))
+    monkeypatch.setattr(_manager, 'foreign_daemons', lambda pipe, gpus, pid, outside: (
+        [daemon for daemon in known if not daemon.pipe_dir.startswith(outside + '/')], list(unreadable)))
     manager._foreign = None
 
 
