@@ -10,9 +10,6 @@ import subprocess
 
 import pytest
 
-from ansible.errors import AnsibleFilterError
-
-from ansible_collections.gpufleet.mps.plugins.filter.mps_logrotate_conf import mps_logrotate_conf
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import MpsError
 from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.logrotate import render_logrotate
 
@@ -67,5 +64,3 @@ def test_the_drop_in_rotates_every_resources_logs_in_place(tmp_path):
 def test_what_a_drop_in_cannot_carry_is_refused(root, size, rotate, message):
     with pytest.raises(MpsError, match='^%s: ' % message):
         render_logrotate(root, size, rotate)
-    with pytest.raises(AnsibleFilterError, match='^mps_logrotate_conf: %s: ' % message):
-        mps_logrotate_conf(root, size, rotate)
