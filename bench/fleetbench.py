@@ -151,6 +151,9 @@ class SimHost:
         os.makedirs(self.dir, exist_ok=True)
         subprocess.run([os.path.join(FAKES, 'make-simhost.sh'), os.path.join(self.dir, 'host'), lib, python, GPU_CONFIG],
                        check=True, stdout=subprocess.DEVNULL)
+        # The host's own GPU set (make-simhost.sh gives each host UUIDs of its own, as real hosts have: the
+        # modules refuse a GPU another daemon on the machine serves), kept pristine for reset().
+        shutil.copyfile(os.path.join(self.dir, 'host', 'nvml.ini'), os.path.join(self.dir, 'host', 'nvml.ini.pristine'))
         # Every module execution on this host runs this interpreter: one line per execution.
         with open(self.python + '.tmp', 'w', encoding='utf-8') as handle:
             handle.write('#!/bin/sh\n# gpufleet.mps bench: count module executions of %s\n'
@@ -190,7 +193,7 @@ class SimHost:
         kill_pids(sim_processes(self.dir))
         for path in (self.root, self.etc):
             shutil.rmtree(path, ignore_errors=True)
-        shutil.copyfile(GPU_CONFIG, os.path.join(self.dir, 'host', 'nvml.ini'))
+        shutil.copyfile(os.path.join(self.dir, 'host', 'nvml.ini.pristine'), os.path.join(self.dir, 'host', 'nvml.ini'))
 
     def ui_total(self) -> int:
         return sum(_count(os.path.join(path, 'log', 'control.log'), 'NEW UI') for path in self.resource_dirs())
