@@ -20,14 +20,14 @@ export PATH := $(VENV)/bin:$(PATH)
 .PHONY: help
 help:
 	@echo 'make test       everything CI runs: sanity, units, integration, lint, docs, fakes, molecule'
-	@echo 'make demo       provision a simulated 4-GPU host with the fleet role (make demo-clean to undo)'
+	@echo 'make demo       provision a simulated 4-GPU host in $$TEST_ROOT/demo with the fleet role (make demo-clean to undo)'
 	@echo 'make simhost    build the simulated GPU host into .simhost/ (then: . .simhost/env)'
 	@echo 'make venv       create .venv from requirements-dev.txt (exact pins)'
 	@echo 'make docs       build the HTML docsite offline (into $$TEST_ROOT/docsite)'
 	@echo 'make sanity | units | integration | lint | changelog-lint | docs-lint | test-fakes | packaging | molecule'
 	@echo 'make ee         ansible-builder create on the example execution environment (no container engine needed)'
 	@echo 'make runner     the fleet role through ansible-runner as AWX runs it, a rolling change included'
-	@echo 'make clean      remove .simhost and the copied collection tree'
+	@echo 'make clean      remove .simhost and $$TEST_ROOT (the copied collection tree, the demo), ending what runs there'
 
 # --- environment ------------------------------------------------------------------------------
 .PHONY: deps venv
@@ -68,9 +68,10 @@ test: changelog-lint test-fakes sanity units integration lint docs-lint docs pac
 	@echo 'make test: all passed'
 
 # Every step stops what it started: fail, naming them, when a process of this checkout's tests (a simulated
-# daemon, server or client) is still running (hacking/leftovers.py; other checkouts' are not looked at).
+# daemon, server or client) is still running (hacking/leftovers.py; other checkouts' are not looked at). A
+# running `make demo` is the user's, not a test's: make demo-clean stops it.
 leftovers:
-	$(VPY) hacking/leftovers.py $(CURDIR) $(TEST_ROOT)
+	$(VPY) hacking/leftovers.py --except $(DEMO_DIR) $(CURDIR) $(TEST_ROOT)
 
 collection: venv
 	hacking/collection-tree.sh $(TEST_ROOT) >/dev/null
@@ -154,15 +155,20 @@ demo: collection simhost
 	grep -Eq 'localhost +: ok=[0-9]+ +changed=0 +unreachable=0 +failed=0' $(DEMO_DIR)/again.log
 	@echo 'Tear it down with: make demo-clean'
 
-# The role's teardown, then nothing of the demo may run any more (checked), and its directory goes.
+# The role's teardown, then nothing of the demo may run any more (checked), and its directory goes. A simulated
+# client still connected to a demo daemon is ended with it (mps_busy=terminate): the whole demo is going away.
 demo-clean: collection simhost
 	if [ -d $(DEMO_DIR)/host ]; then \
-	  $(DEMO) -e mps_state=absent -e mps_remove_logs=true > $(DEMO_DIR)/clean.log || { cat $(DEMO_DIR)/clean.log; exit 1; }; \
+	  $(DEMO) -e mps_state=absent -e mps_remove_logs=true -e mps_busy=terminate > $(DEMO_DIR)/clean.log || { cat $(DEMO_DIR)/clean.log; exit 1; }; \
 	  tail -n 3 $(DEMO_DIR)/clean.log; \
 	fi
 	$(VPY) hacking/leftovers.py $(DEMO_DIR)
 	rm -rf $(DEMO_DIR)
 
 .PHONY: clean
+# Nothing may keep running on what this removes (the demo lives in TEST_ROOT; a simulated daemon whose
+# directories are gone can no longer be stopped the role's way): end those processes first. Standard
+# library only, so it works without .venv.
 clean:
+	$(PYTHON) hacking/leftovers.py --kill $(SIMHOST) $(TEST_ROOT)
 	rm -rf $(SIMHOST) $(TEST_ROOT)

@@ -10,8 +10,10 @@ bindir=$(dirname "$python")
 repo=$(git rev-parse --show-toplevel)
 work=$(mktemp -d /tmp/gfpkg.XXXXXX)
 chmod 0755 "$work"
+# Whatever happened, nothing of this run's simulated host keeps running. Its processes run as
+# `python <checkout>/tests/fakes/...`: the command line does not name $work, their environment does.
 cleanup() {
-  pkill -9 -f "$work/host/" 2>/dev/null || true
+  "$python" "$repo/hacking/leftovers.py" --kill "$work"
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -92,3 +94,5 @@ ANSIBLE_COLLECTIONS_PATH="$work/collections" ANSIBLE_NOCOLOR=1 \
   "$bindir/ansible-playbook" -i localhost, "$work/play.yml" > "$work/play.log" 2>&1 || { cat "$work/play.log"; exit 1; }
 grep -q 'failed=0' "$work/play.log" || { cat "$work/play.log"; exit 1; }
 echo "installed collection ran: $(grep -E 'localhost +:' "$work/play.log" | tr -s ' ')"
+# The play stopped the daemon it started: fail, naming them, if anything of the simulated host still runs.
+"$python" "$repo/hacking/leftovers.py" "$work"
