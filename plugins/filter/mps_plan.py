@@ -11,7 +11,7 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import MpsError
 from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import VOLTA_CC, Gpu, resolve_devices
-from ansible_collections.gpufleet.mps.plugins.module_utils._limits.model import check_replicas, parse_percentage, parse_size
+from ansible_collections.gpufleet.mps.plugins.module_utils._limits.model import check_fits, check_replicas, parse_mem_limit, parse_percentage
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import validate_name
 
 LIMIT_KEYS = ('active_thread_percentage', 'pinned_device_mem_limit')
@@ -69,7 +69,7 @@ def mps_plan(resources: t.Any, gpu_facts: t.Any) -> t.List[t.Dict[str, t.Any]]:
                 check_replicas(replicas, chosen, 'mps_resources[%s].replicas' % name, caps)
             except MpsError as exc:
                 raise AnsibleFilterError(exc.msg) from exc
-        _check_limits(resource, name, chosen)
+        _check_limits(resource, name, gpus, chosen)
         entry = {'name': name, 'devices': [gpu.uuid for gpu in chosen], 'indices': [gpu.index for gpu in chosen],
                  'replicas': replicas, 'multiuser': bool(resource.get('multiuser', False))}
         entry.update({key: resource.get(key) for key in LIMIT_KEYS})
@@ -82,26 +82,19 @@ def mps_plan(resources: t.Any, gpu_facts: t.Any) -> t.List[t.Dict[str, t.Any]]:
     return plan
 
 
-def _check_limits(resource: t.Mapping[str, t.Any], name: str, chosen: t.Sequence[Gpu]) -> None:
-    """What mps_limits and mps_daemon would refuse, refused in the pre-flight, before any host is touched."""
+def _check_limits(resource: t.Mapping[str, t.Any], name: str, gpus: t.Sequence[Gpu], chosen: t.Sequence[Gpu]) -> None:
+    """What mps_limits and mps_daemon would refuse, refused in the pre-flight, before any host is touched.
+
+    Sizes go through the module's own parsing and check: the decimal units (20GB) are refused as ambiguous, and
+    a size over the memory of one of the resource's GPUs is refused naming that GPU and its size.
+    """
     try:
         if resource.get('active_thread_percentage') is not None:
             parse_percentage(resource['active_thread_percentage'], 'mps_resources[%s].active_thread_percentage' % name)
         mem = resource.get('pinned_device_mem_limit')
         if mem is not None:
             param = 'mps_resources[%s].pinned_device_mem_limit' % name
-            if isinstance(mem, dict):
-                by_gpu = {}
-                for key, value in mem.items():
-                    gpu = resolve_devices([key], chosen, param=param)[0]
-                    by_gpu[gpu.uuid] = parse_size(value, '%s[%s]' % (param, key))
-            else:
-                size = parse_size(mem, param)
-                by_gpu = {gpu.uuid: size for gpu in chosen}
-            for gpu in chosen:
-                if by_gpu.get(gpu.uuid, 0) > gpu.memory_total_mib:
-                    raise AnsibleFilterError('%s: %d MiB is more than GPU %d (%s, %s) has: %d MiB' % (
-                        param, by_gpu[gpu.uuid], gpu.index, gpu.uuid, gpu.name, gpu.memory_total_mib))
+            check_fits(parse_mem_limit(mem, gpus, chosen, param), chosen, param)
         old = [gpu for gpu in chosen if gpu.compute_capability < VOLTA_CC]
         if resource.get('multiuser') and old:
             raise AnsibleFilterError('mps_resources[%s].multiuser: needs GPUs of compute capability 7.0 or newer; %s' % (

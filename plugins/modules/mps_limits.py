@@ -20,9 +20,10 @@ description:
     persisted record is the truth for what was set, the read-back detects drift.
   - Devices are addressed by the daemon's ordinals (its C(CUDA_VISIBLE_DEVICES) order), never by UUID - limits set
     by UUID are accepted but not applied by real drivers.
-  - When the daemon is not running, the limits are persisted only (RV(applied=false)); its next start applies them.
-    Setting limits before the first start is the safe order - no server ever starts without them - and gives no
-    warning; a daemon that was started (its C(.started) record is there) but does not run now does.
+  - When the daemon is not running, the limits are persisted only (RV(applied=false), and RV(msg) says why); its next
+    start applies them. Setting limits before the first start is the safe order - no server ever starts without them -
+    and gives no warning, nor does a daemon stopped with M(gpufleet.mps.mps_daemon). A daemon that was started and is
+    not running now - its C(.started) record or files of its pipe directory are still there, as after a crash - does.
 extends_documentation_fragment:
   - gpufleet.mps._common
 attributes:
@@ -44,10 +45,20 @@ options:
   pinned_device_mem_limit:
     description:
       - Default pinned device memory limit - one size for every GPU of the daemon, or a mapping from host GPU index or
-        UUID to a size, for example V(20G), V(20480M), V(20GiB) or V(1.5G). M and MiB are 2^20 bytes, G and GiB 2^30,
-        as MPS itself reads them. Sizes are normalised to whole MiB.
-      - C(GB) and C(MB) are refused as ambiguous (10^9 or 2^30 bytes?) - the message gives the binary and the MiB forms.
-      - A size larger than a GPU's memory is refused, naming the GPU and its size; all of it is allowed.
+        UUID to a size.
+      - A size is a whole or decimal number followed, without a space, by one of the units V(M), V(MiB), V(G) or
+        V(GiB), in any case - for example V(20G), V(20GiB), V(20480M), V(20480MiB) or V(1.5G). M and MiB are 2^20
+        bytes, G and GiB 2^30, as MPS itself reads them. A size must come to a whole number of MiB, at least 1
+        (V(1.3G) does not); it is sent to the daemon in MiB (V(20G) as V(20480M)).
+      - Refused, with a message that names the parameter and the forms above - a number without a unit; the decimal
+        units V(GB) and V(MB) (V(20GB) is 20 x 10^9 bytes to some and 20 x 2^30 to others; the message gives both
+        readings, the decimal one rounded down to whole MiB, for example V(19073M)); any other unit (V(T), V(K),
+        V(Gi)).
+      - A size larger than the memory of a GPU it applies to (C(memory_total_mib) in M(gpufleet.mps.mps_info)) is
+        refused before anything is changed, naming the GPU (index and UUID) and its size; all of it is allowed.
+        Before the first start of a new resource (O(create)) its GPUs are not known yet - one size for every GPU is
+        then refused only when it is larger than every GPU of the host, and checked against the daemon's GPUs on
+        every later run; the fleet role's pre-flight checks it against the resource's own GPUs.
       - Overrides the values computed from O(replicas).
     type: raw
   replicas:
@@ -56,6 +67,8 @@ options:
         C(total_MiB // replicas), as NVIDIA's device plugin computes them. Explicit O(active_thread_percentage) and
         O(pinned_device_mem_limit) override the computed values.
       - At most the GPU's MPS client limit - 16 before compute capability 7.0 (Volta), 48 from it on, 60 on drivers 590 and later.
+        Before the first start of a new resource (its GPUs not known yet) it is refused only when no GPU of the host
+        takes that many.
     type: int
   running_servers:
     description:
@@ -157,6 +170,15 @@ applied:
   returned: always
   type: bool
   sample: true
+msg:
+  description:
+    - What was done with the daemon, and why the limits were not applied when they were not - the daemon is not running
+      (not started yet, or stopped), or was started and is not running now (also a warning).
+  returned: always
+  type: str
+  sample: "the MPS control daemon of 'train' is not running (not started yet, or stopped): the limits are persisted, not
+    applied now; its next start applies them"
+  version_added: 0.2.0
 persisted:
   description: Whether the persisted record changed (or would).
   returned: always
@@ -229,6 +251,7 @@ def run(module):
         after=outcome.after,
         commands=outcome.commands,
         applied=outcome.applied,
+        msg=outcome.msg,
         persisted=outcome.persisted,
         running=outcome.running,
         pending=outcome.pending,

@@ -18,19 +18,20 @@ from .._outcome import Outcome
 from .._protocol.commands import check_applied, command
 from .._protocol.state import read_state
 from .._resource.lock import resource_lock
-from .._supervisor.process import Daemon, inspect
+from .._supervisor.process import Daemon, DaemonState, inspect
 from .._gpus import Gpu, resolve_devices
 from .._io import ensure_dir, read_text, refuse_unsafe_dirs
 from .._resource.record import read_record
 from .._proc import child_pids, uuids_from_environ
 from .model import (
+    check_fits,
     check_replicas,
     EVERY_GPU,
     Limits,
     format_percentage,
+    parse_mem_limit,
     parse_percentage as parse_wanted_percentage,
     parse_readback,
-    parse_size,
     percentage_matches,
     readback_matches,
     readback_readable,
@@ -58,6 +59,7 @@ class LimitsOutcome(Outcome):
     applied: bool = False
     persisted: bool = False
     running: bool = False
+    msg: str = ''
     commands: t.List[str] = field(default_factory=list)
     limits: t.Dict[str, t.Any] = field(default_factory=dict)
     pending: t.List[t.Dict[str, t.Any]] = field(default_factory=list)
@@ -75,11 +77,15 @@ class LimitsManager:
         self.gpus = list(gpus)
         self.check_mode = check_mode
         self.order_known = False
+        # Whether the daemon's GPUs are known: it runs, or was started (its record), or its environment file
+        # names them. Not before the first start of a new resource - the role's order.
+        self.scope_known = False
+        self.state: t.Optional[DaemonState] = None
 
     # --- what the daemon has ----------------------------------------------------------------------
     def scope(self, create: bool) -> t.Tuple[t.List[Gpu], bool, t.Optional[int]]:
         """The daemon's GPUs in ordinal order, whether it runs, and its pid."""
-        state = inspect(self.paths)
+        state = self.state = inspect(self.paths)
         if state.conflict:
             raise MpsError('the MPS control daemon for %s: %s' % (self.paths.name, state.conflict), pid=state.pid)
         record = read_record(self.paths)
@@ -97,6 +103,7 @@ class LimitsManager:
             uuids = listed.split(',') if listed else None
         # The device order the commands file must follow is known (else the next start writes it).
         self.order_known = uuids is not None
+        self.scope_known = uuids is not None or state.running
         if uuids is None:
             if state.running:
                 return list(self.gpus), True, state.pid  # a daemon without CUDA_VISIBLE_DEVICES sees every GPU
@@ -114,10 +121,18 @@ class LimitsManager:
 
     # --- what is wanted ---------------------------------------------------------------------------
     def wanted(self, scope: t.Sequence[Gpu], percentage: t.Any, mem: t.Any, replicas: t.Any) -> Limits:
+        """The limits wanted, every value checked against the daemon's GPUs (``scope``).
+
+        Before the first start of a new resource its GPUs are not known yet (``scope`` is every GPU of the host):
+        what is meant for every GPU of the daemon - one size, a replica count - is then refused only when no GPU
+        of the host could take it, so that a limit meant for the large GPUs of a mixed host is not refused for the
+        small ones of another resource. The fleet role's pre-flight checks it against the resource's own GPUs.
+        """
         previous = read_persisted(self.config) or Limits()
         limits = Limits(previous.active_thread_percentage, dict(previous.pinned_device_mem_limit), previous.replicas)
+        unknown = not self.scope_known and bool(scope)
         if replicas is not None:
-            limits.replicas = check_replicas(replicas, scope)
+            limits.replicas = check_replicas(replicas, [max(scope, key=lambda gpu: gpu.max_mps_clients)] if unknown else scope)
             limits.active_thread_percentage = float(100 // replicas)
             # Every GPU of the host, not only the daemon's: the record stays the same whether or not the
             # daemon runs yet, and a device change of the daemon needs no new record.
@@ -125,32 +140,13 @@ class LimitsManager:
         if percentage is not None:
             limits.active_thread_percentage = parse_wanted_percentage(percentage)
         if mem is not None:
-            limits.pinned_device_mem_limit = self._wanted_mem(scope, mem)
-            for gpu in scope:
-                mib = limits.mem_for(gpu.uuid)
-                if mib is not None and mib > gpu.memory_total_mib:
-                    raise InvalidParameterError('pinned_device_mem_limit', '%d MiB is more than GPU %d (%s, %s) has: %d MiB '
-                                                '(%.1f GiB)' % (mib, gpu.index, gpu.uuid, gpu.name, gpu.memory_total_mib,
-                                                                gpu.memory_total_mib / 1024.0))
+            param = 'pinned_device_mem_limit'
+            limits.pinned_device_mem_limit = parse_mem_limit(mem, self.gpus, scope, param)
+            if EVERY_GPU in limits.pinned_device_mem_limit and unknown:
+                check_fits(limits.pinned_device_mem_limit, [max(scope, key=lambda gpu: gpu.memory_total_mib)], param)
+            else:
+                check_fits(limits.pinned_device_mem_limit, scope, param)  # a GPU named in a mapping: its own size, always
         return limits
-
-    def _wanted_mem(self, scope: t.Sequence[Gpu], mem: t.Any) -> t.Dict[str, int]:
-        param = 'pinned_device_mem_limit'
-        if not isinstance(mem, dict):
-            return {EVERY_GPU: parse_size(mem, param)}
-        if not mem:
-            raise InvalidParameterError(param, 'must be a size or a non-empty mapping of GPU index or UUID to size')
-        result: t.Dict[str, int] = {}
-        scope_uuids = {gpu.uuid for gpu in scope}
-        for key, value in mem.items():
-            gpu = resolve_devices([key], self.gpus, param=param)[0]
-            if gpu.uuid not in scope_uuids:
-                raise InvalidParameterError(param, 'GPU %r (%d, %s) is not one of the daemon\'s GPUs (%s)' % (
-                    key, gpu.index, gpu.uuid, ', '.join('%d' % g.index for g in scope)))
-            if gpu.uuid in result:
-                raise InvalidParameterError(param, 'GPU %d (%s) is given twice' % (gpu.index, gpu.uuid))
-            result[gpu.uuid] = parse_size(value, '%s[%s]' % (param, key))
-        return result
 
     # --- read, compare, apply ---------------------------------------------------------------------
     def read(self, scope: t.Sequence[Gpu], pid: t.Optional[int]) -> t.Tuple[t.Optional[float], t.Dict[int, t.Optional[str]], t.List[ServerLimits]]:
@@ -210,13 +206,7 @@ class LimitsManager:
             out.before = {'active_thread_percentage': persisted.active_thread_percentage if persisted else None,
                           'pinned_device_mem_limit': {str(o): _mib_text(persisted.mem_for(g.uuid)) if persisted else None
                                                       for o, g in enumerate(scope)}}
-            # Persisting before the first start is the normal order (the fleet role's): no warning. A daemon that
-            # was started (its record is there) and is not running now is worth one.
-            record = read_record(self.paths)
-            if record is not None:
-                out.warnings.append('the MPS control daemon of %r was started (%s) but is not running now: the limits were '
-                                    'not applied now; they will be applied when it starts again' % (
-                                        self.paths.name, record.started_at or 'at an unknown time'))
+            out.msg = self._not_running(persist_limits, out.warnings)
         if persist_limits:
             uuids = [g.uuid for g in scope]
             if persist(self.config, wanted, check_mode=True):
@@ -229,8 +219,38 @@ class LimitsManager:
                 out.persisted = True
         elif not running:
             out.warnings.append('persist=false and no daemon is running: nothing was done')
+        if running:
+            out.msg = ('%s %d command(s) to the running MPS control daemon of %r' % (
+                'would send' if self.check_mode else 'sent', len(out.commands), self.paths.name) if out.commands else
+                'the running MPS control daemon of %r already has these limits' % self.paths.name)
+            if out.pending:
+                out.msg += '; %d running server(s) keep other limits until they restart (pending)' % len(out.pending)
         out.ui_processes = self.daemon.client.processes if self.daemon else 0
         return out
+
+    def _not_running(self, persist_limits: bool, warnings: t.List[str]) -> str:
+        """Why nothing was applied to a daemon; a warning only when one was expected to run.
+
+        Persisting before the first start is the normal order (the fleet role's), and a daemon stopped on purpose
+        (its start record removed) is not expected to run: neither warns. A daemon that was started - its start
+        record, or files of its pipe directory, are still there - and is not running now (a crash, a kill) is.
+        """
+        if not persist_limits:
+            return 'the MPS control daemon of %r is not running and persist=false: nothing was done' % self.paths.name
+        kept = 'the limits %s persisted' % ('would be' if self.check_mode else 'are')
+        state = self.state
+        if state is None or not state.stale:
+            return ('the MPS control daemon of %r is not running (not started yet, or stopped): %s, not applied now; its next '
+                    'start applies them' % (self.paths.name, kept))
+        record = read_record(self.paths)
+        if record is not None:
+            since = 'was started (%s)' % (record.started_at or 'at an unknown time')
+        else:
+            since = 'left %s in %s' % (', '.join(state.leftovers), self.paths.pipe_dir)
+        msg = ('the MPS control daemon of %r %s but is not running now (crashed or killed?): %s, not applied now; they will '
+               'be applied when it starts again' % (self.paths.name, since, kept))
+        warnings.append(msg)
+        return msg
 
     def _default_commands(self, wanted: Limits, persisted: t.Optional[Limits], scope: t.Sequence[Gpu], pct: float,
                           mem_read: t.Dict[int, t.Optional[str]], warnings: t.List[str]) -> t.List[str]:

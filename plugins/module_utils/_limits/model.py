@@ -15,16 +15,19 @@ import typing as t
 from dataclasses import dataclass, field
 
 from .._errors import InvalidParameterError
+from .._gpus import resolve_devices
 from .._protocol.commands import command
 
 FORMAT_VERSION = 1
 EVERY_GPU = '*'
-SIZE_FORM = 'a size such as 20G, 20480M, 20GiB or 1.5G (M and MiB are 2^20 bytes, G and GiB 2^30)'
+SIZE_FORM = ('a size: a number and the unit M, MiB, G or GiB, such as 20G, 20GiB, 20480M, 20480MiB or 1.5G '
+             '(M and MiB are 2^20 bytes, G and GiB 2^30, as MPS reads them)')
 # MPS takes M and G, both binary. "GB" and "MB" are refused rather than guessed: to some they are 10^9 and
 # 10^6 bytes, and reading "20GB" as 20 GiB (what this collection did before) gives 7% more than meant.
 _SIZE = re.compile(r'(?P<number>\d+(?:\.\d+)?)(?P<unit>[MG])(?P<suffix>iB|B)?', re.IGNORECASE)
 _READBACK = re.compile(r'(?P<number>\d+)(?P<unit>[MG])')
 _PERCENT_TOLERANCE = 0.05
+_MIB = 2 ** 20
 
 
 def parse_size(value: t.Any, param: str) -> int:
@@ -35,21 +38,77 @@ def parse_size(value: t.Any, param: str) -> int:
     if not match:
         raise InvalidParameterError(param, '%r is not %s' % (value, SIZE_FORM))
     number = float(match.group('number'))
+    unit = match.group('unit').upper()
+    mib = number * (1024 if unit == 'G' else 1)
     if (match.group('suffix') or '').lower() == 'b':
-        decimal = number * (10 ** 9 if match.group('unit').upper() == 'G' else 10 ** 6)
-        raise InvalidParameterError(param, '%r is ambiguous: %sB is 10^%d bytes to some and 2^%d to others, and MPS only '
-                                    'takes binary sizes - write %s%s or %s%siB for 2^%d bytes each, or %dM for %s decimal bytes' % (
-                                        value, match.group('unit').upper(), 9 if match.group('unit').upper() == 'G' else 6,
-                                        30 if match.group('unit').upper() == 'G' else 20,
-                                        match.group('number'), match.group('unit').upper(), match.group('number'),
-                                        match.group('unit').upper(), 30 if match.group('unit').upper() == 'G' else 20,
-                                        decimal // 2 ** 20, '%g' % decimal))
-    mib = number * (1024 if match.group('unit').upper() == 'G' else 1)
+        raise InvalidParameterError(param, _ambiguous(str(value), match.group('number'), unit, mib))
     if not mib.is_integer():
         raise InvalidParameterError(param, '%r is not a whole number of MiB (%.2f MiB)' % (value, mib))
     if mib <= 0:
         raise InvalidParameterError(param, '%r must be greater than zero' % (value,))
     return int(mib)
+
+
+def _ambiguous(value: str, number: str, unit: str, binary_mib: float) -> str:
+    """Why ``20GB`` is refused, with the forms that say what was meant."""
+    power, decimal_power = (30, 9) if unit == 'G' else (20, 6)
+    if binary_mib < 1:
+        return ('%r is ambiguous (%sB is 10^%d bytes to some and 2^%d to others), and less than the smallest limit, 1M (2^20 '
+                'bytes); MPS only takes binary sizes (M = MiB, G = GiB)' % (value, unit, decimal_power, power))
+    if binary_mib.is_integer():
+        forms = ['%s%s' % (number, unit), '%s%siB' % (number, unit)]
+        if unit == 'G':
+            forms += ['%dM' % binary_mib, '%dMiB' % binary_mib]
+        binary = '%s or %s for %s x 2^%d bytes' % (', '.join(forms[:-1]), forms[-1], number, power)
+    else:
+        binary = '%dM for %s x 2^%d bytes (rounded down to whole MiB)' % (binary_mib, number, power)
+    # Rounded down: the limit written is never more than the one meant.
+    decimal_mib = int(round(float(number) * 10 ** decimal_power)) // _MIB
+    decimal = ', or %dM for %s x 10^%d bytes (rounded down to whole MiB)' % (
+        decimal_mib, number, decimal_power) if decimal_mib > 0 else ''
+    return ('%r is ambiguous: %sB is 10^%d bytes to some and 2^%d to others, and MPS only takes binary sizes '
+            '(M = MiB, G = GiB); write %s%s' % (value, unit, decimal_power, power, binary, decimal))
+
+
+def check_fits(mib_by_uuid: t.Mapping[str, int], gpus: t.Sequence[t.Any], param: str) -> None:
+    """Refuse a pinned memory limit larger than the memory of its GPU (all of it is allowed), naming the GPU.
+
+    ``mib_by_uuid`` maps a GPU UUID, or :data:`EVERY_GPU`, to MiB; ``gpus`` are the GPUs it is checked on.
+    The one check of sizes against GPUs, for mps_limits and the role's preflight alike.
+    """
+    for gpu in gpus:
+        mib = mib_by_uuid.get(gpu.uuid, mib_by_uuid.get(EVERY_GPU))
+        if mib is not None and mib > gpu.memory_total_mib:
+            raise InvalidParameterError(param, '%d MiB (%s) is more than GPU %d (%s, %s) has: %d MiB (%s); give at most %dM' % (
+                mib, _gib(mib), gpu.index, gpu.uuid, gpu.name, gpu.memory_total_mib, _gib(gpu.memory_total_mib),
+                gpu.memory_total_mib))
+
+
+def parse_mem_limit(mem: t.Any, gpus: t.Sequence[t.Any], scope: t.Sequence[t.Any], param: str) -> t.Dict[str, int]:
+    """``pinned_device_mem_limit`` as MiB by GPU UUID (:data:`EVERY_GPU` for one size for every GPU).
+
+    A mapping's keys are host GPU indices, UUIDs or unique UUID prefixes, resolved against ``gpus`` (the host's)
+    and each one of ``scope`` (the daemon's), given once. Sizes are not checked against the GPUs here.
+    """
+    if not isinstance(mem, dict):
+        return {EVERY_GPU: parse_size(mem, param)}
+    if not mem:
+        raise InvalidParameterError(param, 'must be a size or a non-empty mapping of GPU index or UUID to size')
+    result: t.Dict[str, int] = {}
+    scope_uuids = {gpu.uuid for gpu in scope}
+    for key, value in mem.items():
+        gpu = resolve_devices([key], gpus, param=param)[0]
+        if gpu.uuid not in scope_uuids:
+            raise InvalidParameterError(param, 'GPU %r (%d, %s) is not one of the daemon\'s GPUs (%s)' % (
+                key, gpu.index, gpu.uuid, ', '.join('%d' % g.index for g in scope)))
+        if gpu.uuid in result:
+            raise InvalidParameterError(param, 'GPU %d (%s) is given twice' % (gpu.index, gpu.uuid))
+        result[gpu.uuid] = parse_size(value, '%s[%s]' % (param, key))
+    return result
+
+
+def _gib(mib: int) -> str:
+    return '%g GiB' % round(mib / 1024.0, 2)
 
 
 def parse_percentage(value: t.Any, param: str = 'active_thread_percentage') -> float:

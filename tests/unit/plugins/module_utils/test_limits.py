@@ -15,32 +15,65 @@ from ansible_collections.gpufleet.mps.plugins.module_utils._errors import Invali
 from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import Gpu
 from ansible_collections.gpufleet.mps.plugins.module_utils._limits.manager import LimitsManager
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import config_paths, resource_paths
+from ansible_collections.gpufleet.mps.plugins.module_utils._resource.record import StartRecord, write_record
 
 
 @pytest.mark.parametrize('value, mib', [
-    ('20G', 20480), ('20480M', 20480), ('20GiB', 20480), ('1.5G', 1536), ('512MiB', 512), ('3840m', 3840), ('1gib', 1024),
+    ('20G', 20480), ('20480M', 20480), ('20GiB', 20480), ('20480MiB', 20480), ('1.5G', 1536), ('1.5GiB', 1536), ('512MiB', 512),
+    ('3840m', 3840), ('1gib', 1024), ('20GIB', 20480), ('1M', 1), ('0.5G', 512),
 ])
 def test_sizes_are_normalised_to_whole_mib(value, mib):
     assert _limits.parse_size(value, 'p') == mib
 
 
-def test_decimal_units_are_refused_not_guessed():
-    with pytest.raises(InvalidParameterError, match=r"'20GB' is ambiguous: GB is 10\^9 bytes to some and 2\^30 to others.*"
-                                                    r"write 20G or 20GiB for 2\^30 bytes each, or 19073M for 2e\+10 decimal bytes"):
-        _limits.parse_size('20GB', 'pinned_device_mem_limit')
-    for value in ('512MB', '1gb', '2Gb'):
-        with pytest.raises(InvalidParameterError, match='ambiguous'):
-            _limits.parse_size(value, 'pinned_device_mem_limit')
+@pytest.mark.parametrize('value, message', [
+    # Both readings, each in forms MPS takes; the decimal one rounded down (never more than meant).
+    ('20GB', r"^pinned_device_mem_limit: '20GB' is ambiguous: GB is 10\^9 bytes to some and 2\^30 to others, and MPS only takes "
+             r"binary sizes \(M = MiB, G = GiB\); write 20G, 20GiB, 20480M or 20480MiB for 20 x 2\^30 bytes, or 19073M for "
+             r"20 x 10\^9 bytes \(rounded down to whole MiB\)$"),
+    ('512MB', r"'512MB' is ambiguous: MB is 10\^6 bytes .*; write 512M or 512MiB for 512 x 2\^20 bytes, or 488M for 512 x 10\^6"),
+    ('1gb', r"'1gb' is ambiguous: GB .*write 1G, 1GiB, 1024M or 1024MiB .* or 953M for 1 x 10\^9 bytes"),
+    ('2Gb', r"'2Gb' is ambiguous"),
+    ('1.5GB', r'write 1\.5G, 1\.5GiB, 1536M or 1536MiB for 1\.5 x 2\^30 bytes, or 1430M for 1\.5 x 10\^9 bytes'),
+    ('1.3GB', r'write 1331M for 1\.3 x 2\^30 bytes \(rounded down to whole MiB\), or 1239M for 1\.3 x 10\^9 bytes'),
+    ('1MB', r'write 1M or 1MiB for 1 x 2\^20 bytes$'),  # 10^6 bytes is less than 1 MiB: no decimal form offered
+    ('0.5MB', r"'0\.5MB' is ambiguous .* and less than the smallest limit, 1M"),
+    ('0GB', r"'0GB' is ambiguous .* and less than the smallest limit, 1M"),
+])
+def test_decimal_units_are_refused_not_guessed_with_both_readings(value, message):
+    with pytest.raises(InvalidParameterError, match=message) as excinfo:
+        _limits.parse_size(value, 'pinned_device_mem_limit')
+    assert excinfo.value.param == 'pinned_device_mem_limit'
+
+
+@pytest.mark.parametrize('value', ['20Gi', '20T', '20TiB', '20K', '20KiB', '20 GiB', '20GiBB', '20GIBB', '20iB', '20B', '20g b', 'GB'])
+def test_other_units_are_refused_naming_the_valid_forms(value):
+    with pytest.raises(InvalidParameterError, match=r'^p: .* is not a size: a number and the unit M, MiB, G or GiB, such as 20G, 20GiB, '
+                                                    r'20480M, 20480MiB or 1\.5G \(M and MiB are 2\^20 bytes, G and GiB 2\^30'):
+        _limits.parse_size(value, 'p')
 
 
 def test_a_limit_over_a_gpus_memory_is_refused_naming_the_gpu_and_its_size(manager):
     gpus = [gpu(0, 'Tesla T4', 15360), gpu(1, 'Tesla T4', 15360)]
-    with pytest.raises(InvalidParameterError, match=r'^pinned_device_mem_limit: 16384 MiB is more than GPU 0 \(GPU-00000000.*, '
-                                                    r'Tesla T4\) has: 15360 MiB \(15\.0 GiB\)'):
+    with pytest.raises(InvalidParameterError, match=r'^pinned_device_mem_limit: 16384 MiB \(16 GiB\) is more than GPU 0 '
+                                                    r'\(GPU-00000000-0000-0000-0000-000000000000, Tesla T4\) has: 15360 MiB '
+                                                    r'\(15 GiB\); give at most 15360M$'):
         manager(gpus).wanted(gpus, None, '16G', None)
     with pytest.raises(InvalidParameterError, match='more than GPU 1'):
         manager(gpus).wanted(gpus, None, {1: '20G'}, None)
+    with pytest.raises(InvalidParameterError, match='15361 MiB'):
+        manager(gpus).wanted(gpus, None, '15361M', None)
     assert manager(gpus).wanted(gpus, None, '15G', None).mem_for(gpus[0].uuid) == 15360  # all of it is allowed
+    assert manager(gpus).wanted(gpus, None, '15360MiB', None).mem_for(gpus[1].uuid) == 15360
+
+
+def test_check_fits_names_the_gpu_with_an_odd_size_in_gib():
+    h100 = gpu(3, 'NVIDIA H100 80GB HBM3', 81559, (9, 0))
+    with pytest.raises(InvalidParameterError, match=r'^p: 81920 MiB \(80 GiB\) is more than GPU 3 \(GPU-00000003-0000-0000-0000-000000000000, '
+                                                    r'NVIDIA H100 80GB HBM3\) has: 81559 MiB \(79\.65 GiB\); give at most 81559M$'):
+        _limits.check_fits({_limits.EVERY_GPU: 81920}, [h100], 'p')
+    _limits.check_fits({_limits.EVERY_GPU: 81559}, [h100], 'p')
+    _limits.check_fits({'GPU-other': 99999}, [h100], 'p')  # a size for another GPU is not this one's
 
 
 @pytest.mark.parametrize('value', ['0M', '-1G', '12X', '1e3M', '', '5G\nquit', ' 5G', '5 G', '5G ', '1.3G', '1000', 1000, True, None, 'G'])
@@ -262,3 +295,112 @@ def test_with_the_daemon_down_the_commands_file_follows_the_environment_files_de
     assert out.persisted
     with open(config.limits_file) as handle:
         assert handle.read() == 'set_default_device_pinned_mem_limit 0 1024M\n'  # GPU 1 is the daemon's device 0
+
+
+# --- sizes against the daemon's GPUs, known or not yet known -------------------------------------------------------
+
+H100 = gpu(0, 'NVIDIA H100 80GB HBM3', 81559, (9, 0))
+T4 = gpu(1, 'Tesla T4', 15360)
+
+
+def limits_manager(tmp_path, gpus, check_mode=False, name='big'):
+    return LimitsManager(resource_paths(str(tmp_path / 'root'), name), config_paths(str(tmp_path / 'etc'), name), None, gpus,
+                         check_mode=check_mode)
+
+
+def started(tmp_path, devices, name='big', started_at='2026-12-03T18:00:00+00:00'):
+    """A start record of a daemon that is not running now, as a crash leaves it."""
+    paths = resource_paths(str(tmp_path / 'root'), name)
+    os.makedirs(paths.resource_dir, exist_ok=True)
+    write_record(paths, StartRecord(devices=[g.uuid for g in devices], supervisor='none', pid=4194303, started_at=started_at))
+    return paths
+
+
+def test_before_the_first_start_one_size_is_refused_only_when_no_gpu_of_the_host_takes_it(tmp_path):
+    # A mixed host: this resource will run on the H100, another one on the T4. Its daemon's GPUs are not known before
+    # its first start (the fleet role's order), so 40G is not refused for the T4; the role's pre-flight checks it
+    # against the resource's own GPUs.
+    out = limits_manager(tmp_path, [H100, T4]).ensure(None, '40G', None, 'ignore', True, create=True)
+    assert out.persisted and not out.applied and out.warnings == []
+    with pytest.raises(InvalidParameterError, match=r'^pinned_device_mem_limit: 81920 MiB \(80 GiB\) is more than GPU 0 \(%s, '
+                                                    r'NVIDIA H100 80GB HBM3\) has: 81559 MiB' % H100.uuid):
+        limits_manager(tmp_path, [H100, T4]).ensure(None, '80G', None, 'ignore', True, create=True)
+
+
+def test_before_the_first_start_a_size_for_a_named_gpu_is_checked_against_that_gpu(tmp_path):
+    with pytest.raises(InvalidParameterError, match=r'16384 MiB \(16 GiB\) is more than GPU 1 \(%s, Tesla T4\) has: 15360 MiB' % T4.uuid):
+        limits_manager(tmp_path, [H100, T4]).ensure(None, {1: '16G'}, None, 'ignore', True, create=True)
+    assert not (tmp_path / 'etc').exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize('how', ['record', 'environment'])
+def test_once_the_daemons_gpus_are_known_one_size_is_checked_against_each_of_them(tmp_path, how):
+    if how == 'record':
+        started(tmp_path, [T4])
+    else:
+        os.makedirs(str(tmp_path / 'etc'))
+        (tmp_path / 'etc' / 'big.env').write_text('CUDA_VISIBLE_DEVICES=%s\n' % T4.uuid)
+        assert config_paths(str(tmp_path / 'etc'), 'big').env_file == str(tmp_path / 'etc' / 'big.env')
+    with pytest.raises(InvalidParameterError, match=r'40960 MiB \(40 GiB\) is more than GPU 1 \(%s, Tesla T4\) has: 15360 MiB '
+                                                    r'\(15 GiB\); give at most 15360M' % T4.uuid):
+        limits_manager(tmp_path, [H100, T4]).ensure(None, '40G', None, 'ignore', True, create=True)
+    assert not os.path.exists(config_paths(str(tmp_path / 'etc'), 'big').limits_json)
+
+
+def test_before_the_first_start_replicas_are_refused_only_when_no_gpu_of_the_host_takes_them(tmp_path):
+    v100, p100 = gpu(0, 'Tesla V100', 16000, (7, 0)), gpu(1, 'Tesla P100', 16000, (6, 0))
+    out = limits_manager(tmp_path, [v100, p100]).ensure(None, None, 40, 'ignore', True, create=True)
+    assert out.limits['replicas'] == 40
+    with pytest.raises(InvalidParameterError, match='exceeds the 48 MPS clients of GPU 0'):
+        limits_manager(tmp_path, [v100, p100]).ensure(None, None, 49, 'ignore', True, create=True)
+    started(tmp_path, [p100])
+    with pytest.raises(InvalidParameterError, match='exceeds the 16 MPS clients of GPU 1'):
+        limits_manager(tmp_path, [v100, p100]).ensure(None, None, 40, 'ignore', True, create=True)
+
+
+# --- a daemon that is not running: a warning only when it was expected to run --------------------------------------
+
+@pytest.mark.parametrize('check_mode', [False, True])
+def test_persisting_before_the_first_start_does_not_warn_and_says_why_nothing_was_applied(tmp_path, check_mode):
+    out = limits_manager(tmp_path, [T4], check_mode=check_mode).ensure(None, None, 4, 'ignore', True, create=True)
+    assert out.warnings == []
+    assert not out.applied and not out.running and out.persisted and out.commands == []
+    assert out.msg == ("the MPS control daemon of 'big' is not running (not started yet, or stopped): the limits %s persisted, "
+                       "not applied now; its next start applies them" % ('would be' if check_mode else 'are'))
+
+
+def test_a_stopped_daemon_does_not_warn(tmp_path):
+    # mps_daemon state=stopped removes the start record and the pipe-dir files: nobody expects it to run.
+    paths = resource_paths(str(tmp_path / 'root'), 'big')
+    os.makedirs(paths.pipe_dir)
+    limits_manager(tmp_path, [T4]).ensure(None, None, 4, 'ignore', True, create=True)
+    out = limits_manager(tmp_path, [T4]).ensure(50, None, None, 'ignore', True, create=False)
+    assert out.warnings == [] and out.persisted and not out.applied
+    assert 'not started yet, or stopped' in out.msg
+
+
+def test_a_daemon_that_was_started_and_is_not_running_warns(tmp_path):
+    started(tmp_path, [T4])
+    out = limits_manager(tmp_path, [T4]).ensure(None, '8G', None, 'ignore', True, create=False)
+    assert out.persisted and not out.applied and not out.running
+    assert out.warnings == [out.msg]
+    assert out.msg == ("the MPS control daemon of 'big' was started (2026-12-03T18:00:00+00:00) but is not running now (crashed "
+                       "or killed?): the limits are persisted, not applied now; they will be applied when it starts again")
+
+
+def test_files_a_dead_daemon_left_in_its_pipe_directory_warn_without_a_record(tmp_path):
+    paths = resource_paths(str(tmp_path / 'root'), 'big')
+    os.makedirs(paths.pipe_dir)
+    with open(os.path.join(paths.pipe_dir, 'nvidia-cuda-mps-control.pid'), 'w') as handle:
+        handle.write('not a pid\n')
+    out = limits_manager(tmp_path, [T4]).ensure(None, None, 4, 'ignore', True, create=True)
+    assert len(out.warnings) == 1 and out.warnings[0] == out.msg
+    assert "left nvidia-cuda-mps-control.pid in %s but is not running now" % paths.pipe_dir in out.msg
+
+
+def test_persist_false_with_no_daemon_says_nothing_was_done(tmp_path):
+    started(tmp_path, [T4])
+    out = limits_manager(tmp_path, [T4]).ensure(None, '8G', None, 'ignore', False, create=True)
+    assert not out.persisted and not out.applied and not out.changed
+    assert out.warnings == ['persist=false and no daemon is running: nothing was done']
+    assert out.msg == "the MPS control daemon of 'big' is not running and persist=false: nothing was done"
