@@ -90,6 +90,8 @@ class DaemonOutcome(Outcome):
     clients: t.List[t.Dict[str, t.Any]] = field(default_factory=list)
     # The pipe directory's SELinux type before and after, where SELinux is enabled and a type is wanted.
     selinux: t.Optional[t.Dict[str, t.Optional[str]]] = None
+    # Whether a running daemon is (or would be) stopped and started again for this run's change.
+    restarting: bool = False
 
 
 def _now() -> str:
@@ -131,6 +133,11 @@ class ResourceManager:
         self.selinux_type = ''
         self._label_planned = False
         self._foreign: t.Optional[t.Tuple[t.Dict[str, ForeignDaemon], t.List[ForeignDaemon]]] = None
+        # Resources of the same root whose GPUs do not count as taken: mps_host plans a whole host, checks
+        # that its listed resources share no GPU and stops removed and changed daemons before it starts any.
+        self.ignore_owners: t.FrozenSet[str] = frozenset()
+        # Why state=restarted was asked for, when the caller knows (mps_host: a limit only a restart drops).
+        self.restart_reason = ''
 
     # --- reading -------------------------------------------------------------------------------
     def record(self) -> t.Optional[StartRecord]:
@@ -139,7 +146,8 @@ class ResourceManager:
     def owned_elsewhere(self) -> t.Dict[str, str]:
         """UUID -> resource, for GPUs of the other live daemons under the same root."""
         others = live_daemons(self.paths.root, exclude=self.paths.name)
-        return {uuid: names[0] for uuid, names in gpu_claims({name: found[1] for name, found in others.items()}).items()}
+        return {uuid: names[0] for uuid, names in gpu_claims({name: found[1] for name, found in others.items()
+                                                              if name not in self.ignore_owners}).items()}
 
     def foreign(self) -> t.Tuple[t.Dict[str, ForeignDaemon], t.List[ForeignDaemon]]:
         """(GPU UUID -> a daemon not of this root that serves it, daemons whose GPUs cannot be told).
@@ -478,8 +486,9 @@ class ResourceManager:
             raise MpsError('the MPS control daemon for %s: %s' % (self.paths.name, current.conflict), pid=current.pid)
         record = self.record()
         out.before = self.describe(current, record)
-        if current.running:
-            # One UI process: does it answer at all? A hung daemon fails here, naming pid and log.
+        if current.running and not self.daemon.answered:
+            # One UI process: does it answer at all? A hung daemon fails here, naming pid and log. (mps_host has
+            # just read its limits in one: that answer counts.)
             self.daemon.ping()
         if wanted is None:
             self._ensure_stopped(current, record, out)
@@ -651,8 +660,9 @@ class ResourceManager:
             out.started_at = record.started_at
             return
         if current.running:
-            why = '; '.join(differences) if differences else 'state=restarted'
+            why = '; '.join(differences) if differences else (self.restart_reason or 'state=restarted')
             self._plan_busy(current, out, 'the restart (%s)' % why)
+            out.restarting = True
             out.act('restart: %s' % why)
             handover = record is not None and (record.supervisor or wanted.supervisor) != wanted.supervisor
             if wanted.supervisor == 'systemd' and not handover:

@@ -20,7 +20,7 @@ from .._protocol.state import read_state
 from .._resource.lock import resource_lock
 from .._supervisor.process import Daemon, DaemonState, inspect
 from .._gpus import Gpu, resolve_devices
-from .._io import ensure_dir, read_text, refuse_unsafe_dirs
+from .._io import ensure_dir, read_text, refuse_unsafe_dirs, remove
 from .._resource.record import read_record
 from .._proc import child_pids, uuids_from_environ
 from .model import (
@@ -64,6 +64,9 @@ class LimitsOutcome(Outcome):
     limits: t.Dict[str, t.Any] = field(default_factory=dict)
     pending: t.List[t.Dict[str, t.Any]] = field(default_factory=list)
     ui_processes: int = 0
+    # Why the running daemon must restart for the wanted limits (exact mode: a pinned memory limit to remove,
+    # which MPS has no command for); empty when it need not.
+    restart_needed: str = ''
 
 
 class LimitsManager:
@@ -81,6 +84,10 @@ class LimitsManager:
         # names them. Not before the first start of a new resource - the role's order.
         self.scope_known = False
         self.state: t.Optional[DaemonState] = None
+        # Exact (declarative) limits, as mps_host manages them: what is not given is not wanted - no inheritance from
+        # the persisted record, a thread percentage not given is 100, a memory limit not given is none.
+        self.exact = False
+        self.restart_reasons: t.List[str] = []
 
     # --- what the daemon has ----------------------------------------------------------------------
     def scope(self, create: bool) -> t.Tuple[t.List[Gpu], bool, t.Optional[int]]:
@@ -128,7 +135,7 @@ class LimitsManager:
         of the host could take it, so that a limit meant for the large GPUs of a mixed host is not refused for the
         small ones of another resource. The fleet role's pre-flight checks it against the resource's own GPUs.
         """
-        previous = read_persisted(self.config) or Limits()
+        previous = Limits() if self.exact else read_persisted(self.config) or Limits()
         limits = Limits(previous.active_thread_percentage, dict(previous.pinned_device_mem_limit), previous.replicas)
         unknown = not self.scope_known and bool(scope)
         if replicas is not None:
@@ -155,6 +162,7 @@ class LimitsManager:
         if daemon is None:
             raise MpsError('the control binary is needed to read the limits of a running daemon')
         readout = read_state(daemon.query, len(scope), child_pids(pid) if pid else [])
+        daemon.answered = True  # the health question (the thread percentage) was part of it
         servers = [ServerLimits(server.pid, server.active_thread_percentage, dict(enumerate(server.pinned_device_mem_limit)))
                    for server in readout.servers]
         return readout.default_percentage, dict(enumerate(readout.default_mem)), servers
@@ -163,7 +171,7 @@ class LimitsManager:
                create: bool) -> LimitsOutcome:
         if running_servers not in RUNNING_SERVERS_CHOICES:
             raise InvalidParameterError('running_servers', 'must be one of %s' % ', '.join(RUNNING_SERVERS_CHOICES))
-        if percentage is None and mem is None and replicas is None:
+        if percentage is None and mem is None and replicas is None and not self.exact:
             raise InvalidParameterError('active_thread_percentage', 'give at least one of active_thread_percentage, '
                                         'pinned_device_mem_limit or replicas')
         refuse_unsafe_dirs(managed_dirs(self.paths, self.config.config_dir))
@@ -194,7 +202,9 @@ class LimitsManager:
             pct, mem_read, servers = self.read(scope, pid)
             out.before = {'active_thread_percentage': pct,
                           'pinned_device_mem_limit': {str(o): v for o, v in mem_read.items()}}
+            self.restart_reasons = []
             out.commands = self._default_commands(wanted, persisted, scope, pct, mem_read, out.warnings)
+            out.restart_needed = '; '.join(self.restart_reasons)
             updates, pending = self._server_commands(wanted, scope, servers, running_servers)
             out.commands += updates
             out.pending = [server.as_dict() for server in pending]
@@ -207,7 +217,9 @@ class LimitsManager:
                           'pinned_device_mem_limit': {str(o): _mib_text(persisted.mem_for(g.uuid)) if persisted else None
                                                       for o, g in enumerate(scope)}}
             out.msg = self._not_running(persist_limits, out.warnings)
-        if persist_limits:
+        if persist_limits and self.exact and wanted.empty:
+            self._forget(out)
+        elif persist_limits:
             uuids = [g.uuid for g in scope]
             if persist(self.config, wanted, check_mode=True):
                 out.act('write %s' % self.config.limits_json, lambda: (
@@ -227,6 +239,13 @@ class LimitsManager:
                 out.msg += '; %d running server(s) keep other limits until they restart (pending)' % len(out.pending)
         out.ui_processes = self.daemon.client.processes if self.daemon else 0
         return out
+
+    def _forget(self, out: LimitsOutcome) -> None:
+        """Exact mode without limits: the persisted files go, so that no start replays old limits."""
+        for path in (self.config.limits_json, self.config.limits_file, self.config.limits_env):
+            if read_text(path) is not None:
+                out.act('remove %s' % path, lambda path=path: remove(path), 'the resource has no limits')
+                out.persisted = True
 
     def _not_running(self, persist_limits: bool, warnings: t.List[str]) -> str:
         """Why nothing was applied to a daemon; a warning only when one was expected to run.
@@ -258,6 +277,11 @@ class LimitsManager:
         for ordinal, gpu in enumerate(scope):
             mib = wanted.mem_for(gpu.uuid)
             if mib is None:
+                had = persisted.mem_for(gpu.uuid) if persisted else None
+                if self.exact and had is not None:
+                    # MPS has a command to set a default pinned memory limit and none to remove one.
+                    self.restart_reasons.append('the pinned memory limit %dM of device %d (%s) is no longer wanted and MPS can '
+                                                'only drop it with a restart' % (had, ordinal, gpu.uuid))
                 continue
             was = persisted.mem_for(gpu.uuid) if persisted else None
             if not readback_readable(mem_read[ordinal]):
@@ -266,7 +290,10 @@ class LimitsManager:
                                     self.paths.name, mem_read[ordinal], ordinal))
             if (was is not None and was != mib) or not readback_matches(parse_readback(mem_read[ordinal] or ''), mib):
                 cmds.append(command('set_default_device_pinned_mem_limit', ordinal, '%dM' % mib))
-        if wanted.active_thread_percentage is not None:
+        if wanted.active_thread_percentage is None and self.exact:
+            if not percentage_matches(pct, 100.0):
+                cmds.append(command('set_default_active_thread_percentage', format_percentage(100.0)))
+        elif wanted.active_thread_percentage is not None:
             was_pct = persisted.active_thread_percentage if persisted else None
             if (was_pct is not None and was_pct != wanted.active_thread_percentage) or not percentage_matches(pct, wanted.active_thread_percentage):
                 cmds.append(command('set_default_active_thread_percentage', format_percentage(wanted.active_thread_percentage)))

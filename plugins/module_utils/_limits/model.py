@@ -195,6 +195,11 @@ class Limits:
         except (TypeError, ValueError, AttributeError):
             return None
 
+    @property
+    def empty(self) -> bool:
+        """No limit at all: the MPS defaults (100 %, no pinned memory limit)."""
+        return self.active_thread_percentage is None and not self.pinned_device_mem_limit
+
     def mem_for(self, uuid: str) -> t.Optional[int]:
         return self.pinned_device_mem_limit.get(uuid, self.pinned_device_mem_limit.get(EVERY_GPU))
 

@@ -16,8 +16,9 @@ from .layout import SHM_DIR, is_valid_name, resource_paths, systemd_instance
 from .record import StartRecord, read_record
 
 
-def scan_resources(root: str) -> t.List[str]:
-    """Names of the resources under ``root`` that have a pipe directory or a ``.started`` record."""
+def scan_resources(root: str, with_logs: bool = False) -> t.List[str]:
+    """Names of the resources under ``root`` that have a pipe directory or a ``.started`` record (or, ``with_logs``,
+    only their log directory left: a pruned resource's, which a teardown with its logs removes too)."""
     names = []
     try:
         first = sorted(os.listdir(root))
@@ -27,7 +28,7 @@ def scan_resources(root: str) -> t.List[str]:
         top_dir = os.path.join(root, top)
         if top.startswith('.') or top == SHM_DIR or os.path.islink(top_dir) or not os.path.isdir(top_dir):
             continue
-        if _is_resource_dir(top_dir):
+        if _is_resource_dir(top_dir, with_logs):
             names.append(top)
             continue
         try:
@@ -36,13 +37,14 @@ def scan_resources(root: str) -> t.List[str]:
             continue
         for sub in second:
             sub_dir = os.path.join(top_dir, sub)
-            if not os.path.islink(sub_dir) and _is_resource_dir(sub_dir):
+            if not os.path.islink(sub_dir) and _is_resource_dir(sub_dir, with_logs):
                 names.append('%s/%s' % (top, sub))
     return [name for name in names if is_valid_name(name)]
 
 
-def _is_resource_dir(path: str) -> bool:
-    return os.path.isdir(os.path.join(path, 'pipe')) or os.path.exists(os.path.join(path, '.started'))
+def _is_resource_dir(path: str, with_logs: bool = False) -> bool:
+    return (os.path.isdir(os.path.join(path, 'pipe')) or os.path.exists(os.path.join(path, '.started'))
+            or with_logs and os.path.isdir(os.path.join(path, 'log')) and not os.path.islink(os.path.join(path, 'log')))
 
 
 def resource_name(instance: str) -> t.Optional[str]:

@@ -209,6 +209,9 @@ class Daemon:
         self.sleep = sleep
         self.client = ControlClient(binary, paths.pipe_dir, timeout=start_timeout, log_dir=paths.log_dir,
                                     base_env=self.environ)
+        # Whether the daemon answered a query of this run that read its thread percentage (the health question);
+        # a caller that knows the daemon changed since (stopped, restarted) sets it back to False.
+        self.answered = False
 
     @property
     def control_log(self) -> str:
@@ -236,7 +239,9 @@ class Daemon:
 
     def ping(self) -> float:
         """One UI process: the daemon answers, sanely, or this raises."""
-        return self.check_answer(self.query([SENTINEL])[0])
+        answer = self.check_answer(self.query([SENTINEL])[0])
+        self.answered = True
+        return answer
 
     def lock(self) -> 'ResourceLock':
         return resource_lock(self.paths)

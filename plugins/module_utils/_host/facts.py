@@ -1,0 +1,44 @@
+# Copyright: gpufleet.mps contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The local facts of a host's MPS (``ansible_local.gpufleet_mps``) for schedulers and later plays.
+
+Written by ``mps_host`` (and rendered by the ``mps_local_facts`` filter from ``mps_info`` results): nothing in
+them changes between two runs of an unchanged host (no pid, no time), so an unchanged host keeps its file.
+"""
+
+from __future__ import annotations
+
+import json
+import typing as t
+
+FORMAT = 1
+GPU_KEYS = ('index', 'uuid', 'name', 'memory_total_mib')
+FACT_FILE = 'gpufleet_mps.fact'
+
+
+def local_facts(plan: t.Sequence[t.Mapping[str, t.Any]], daemons: t.Sequence[t.Any], gpus: t.Sequence[t.Any],
+                root: str) -> t.Dict[str, t.Any]:
+    """One entry per planned resource (``mps_plan`` form), with its GPUs, limits as persisted and client environment."""
+    by_name = {daemon.get('name'): daemon for daemon in daemons if isinstance(daemon, dict)}
+    by_uuid = {gpu.get('uuid'): gpu for gpu in gpus if isinstance(gpu, dict)}
+    resources = []
+    for entry in plan:
+        daemon = by_name.get(entry['name'], {})
+        persisted = (daemon.get('limits') or {}).get('persisted') or {}
+        resources.append({
+            'name': entry['name'],
+            'devices': [{key: by_uuid[uuid].get(key) for key in GPU_KEYS} for uuid in entry['devices'] if uuid in by_uuid],
+            'multiuser': bool(entry.get('multiuser')),
+            'replicas': entry.get('replicas'),
+            'active_thread_percentage': persisted.get('active_thread_percentage'),
+            'pinned_device_mem_limit_mib': persisted.get('pinned_device_mem_limit_mib') or {},
+            'healthy': bool(daemon.get('healthy')),
+            'env': daemon.get('env') or {},
+        })
+    return {'format': FORMAT, 'root': str(root), 'ready': bool(resources) and all(item['healthy'] for item in resources),
+            'resources': resources}
+
+
+def facts_text(facts: t.Mapping[str, t.Any]) -> str:
+    """The file's text: what ``to_nice_json(sort_keys=true)`` gives, and a newline (the role wrote it so before)."""
+    return json.dumps(facts, indent=4, sort_keys=True, separators=(',', ': ')) + '\n'

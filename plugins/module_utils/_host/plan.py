@@ -1,0 +1,123 @@
+# Copyright: gpufleet.mps contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""A host's resource list resolved against its GPUs, every entry checked, before anything is touched.
+
+One check for every entry point: the ``mps_host`` module plans with it, the fleet role's ``mps_plan``
+filter (which only has ``mps_info``'s GPU facts) wraps it. All or nothing: the first bad entry raises,
+naming the entry and the key.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import typing as t
+from dataclasses import dataclass, field
+
+from .._errors import DeviceSelectionError, InvalidParameterError
+from .._gpus import VOLTA_CC, Gpu, resolve_devices
+from .._limits.model import check_fits, check_replicas, parse_mem_limit, parse_percentage
+from .._resource.layout import validate_name
+
+RESOURCE_KEYS = ('name', 'devices', 'multiuser', 'replicas', 'active_thread_percentage', 'pinned_device_mem_limit')
+LIMIT_KEYS = ('active_thread_percentage', 'pinned_device_mem_limit')
+
+
+@dataclass
+class ResourcePlan:
+    """One listed resource: its GPUs (in the given order), its replicas for this host's GPU model, its limits as given."""
+
+    name: str
+    devices: t.List[Gpu]
+    multiuser: bool = False
+    replicas: t.Optional[int] = None
+    active_thread_percentage: t.Any = None
+    pinned_device_mem_limit: t.Any = None
+    limits: t.Dict[str, t.Any] = field(default_factory=dict)
+
+    @property
+    def has_limits(self) -> bool:
+        return self.replicas is not None or self.active_thread_percentage is not None or self.pinned_device_mem_limit is not None
+
+    def as_dict(self) -> t.Dict[str, t.Any]:
+        """The form the role's ``mps_plan`` filter has always returned."""
+        return {'name': self.name, 'devices': [gpu.uuid for gpu in self.devices], 'indices': [gpu.index for gpu in self.devices],
+                'replicas': self.replicas, 'multiuser': self.multiuser,
+                'active_thread_percentage': self.active_thread_percentage,
+                'pinned_device_mem_limit': self.pinned_device_mem_limit, 'has_limits': self.has_limits}
+
+
+def replicas_for(replicas: t.Any, gpu_name: str, param: str) -> t.Optional[int]:
+    """A number, or a mapping from GPU model (glob patterns allowed, matched in order) to a number with a default."""
+    if replicas is None or isinstance(replicas, int) and not isinstance(replicas, bool):
+        return replicas
+    if not isinstance(replicas, dict):
+        raise InvalidParameterError(param, 'must be a number or a mapping from GPU model to a number, got %r' % (replicas,))
+    for pattern, value in replicas.items():
+        if pattern != 'default' and fnmatch.fnmatchcase(gpu_name, str(pattern)):
+            return value
+    if 'default' in replicas:
+        return replicas['default']
+    raise InvalidParameterError(param, 'no entry matches GPU model %r and there is no "default"' % gpu_name)
+
+
+def plan_resources(resources: t.Any, gpus: t.Sequence[Gpu], param: str = 'resources',
+                   caps: t.Optional[t.Mapping[str, int]] = None, strict_keys: bool = True) -> t.List[ResourcePlan]:
+    """Every resource with its devices resolved and its limits checked against its own GPUs, or a refusal."""
+    if not isinstance(resources, list):
+        raise InvalidParameterError(param, 'must be a list of resources (mappings with a name)')
+    owner: t.Dict[str, str] = {}
+    plans = []
+    names: t.List[str] = []
+    for number, resource in enumerate(resources):
+        if not isinstance(resource, dict) or 'name' not in resource:
+            raise InvalidParameterError('%s[%d]' % (param, number), 'must be a mapping with a name')
+        unknown = sorted(str(key) for key in resource if key not in RESOURCE_KEYS)
+        if strict_keys and unknown:
+            raise InvalidParameterError('%s[%d]' % (param, number), 'unknown key(s) %s; the keys are %s' % (
+                ', '.join(unknown), ', '.join(RESOURCE_KEYS)))
+        name = validate_name(resource['name'], '%s[%d].name' % (param, number))
+        if name in names:
+            raise InvalidParameterError(param, 'resource names must be unique; %r is listed twice' % name)
+        names.append(name)
+        where = '%s[%s]' % (param, name)
+        devices = resource.get('devices')
+        chosen = resolve_devices('all' if devices is None else devices, gpus, param=where + '.devices')
+        mig = [gpu for gpu in chosen if gpu.mig_enabled]
+        if mig:
+            raise DeviceSelectionError('%s.devices: MIG is enabled on %s; a whole GPU in MIG mode cannot be given to a daemon' % (
+                where, ', '.join('GPU %d (%s)' % (gpu.index, gpu.uuid) for gpu in mig)))
+        for gpu in chosen:
+            if gpu.uuid in owner:
+                raise DeviceSelectionError('%s: GPU %d (%s) is in both %r and %r' % (param, gpu.index, gpu.uuid, owner[gpu.uuid], name))
+            owner[gpu.uuid] = name
+        per_gpu = {replicas_for(resource.get('replicas'), gpu.name, where + '.replicas') for gpu in chosen}
+        if len(per_gpu) > 1:
+            raise InvalidParameterError(where + '.replicas', 'its GPUs are of models with different replicas (%s); one daemon has '
+                                        'one thread percentage - split the resource by model' % sorted(per_gpu, key=str))
+        replicas = per_gpu.pop() if per_gpu else None
+        if replicas is not None:
+            check_replicas(replicas, chosen, where + '.replicas', caps)
+        plan = ResourcePlan(name, chosen, bool(resource.get('multiuser') or False), replicas,
+                            resource.get('active_thread_percentage'), resource.get('pinned_device_mem_limit'))
+        _check_limits(plan, where, gpus)
+        plans.append(plan)
+    return plans
+
+
+def _check_limits(plan: ResourcePlan, where: str, gpus: t.Sequence[Gpu]) -> None:
+    """What mps_limits and mps_daemon would refuse, refused before anything is touched.
+
+    Sizes go through the modules' own parsing and check: the decimal units (20GB) are refused as ambiguous, and
+    a size over the memory of one of the resource's GPUs is refused naming that GPU and its size.
+    """
+    if plan.active_thread_percentage is not None:
+        plan.limits['active_thread_percentage'] = parse_percentage(plan.active_thread_percentage, where + '.active_thread_percentage')
+    if plan.pinned_device_mem_limit is not None:
+        param = where + '.pinned_device_mem_limit'
+        mib = parse_mem_limit(plan.pinned_device_mem_limit, gpus, plan.devices, param)
+        check_fits(mib, plan.devices, param)
+        plan.limits['pinned_device_mem_limit'] = mib
+    old = [gpu for gpu in plan.devices if gpu.compute_capability < VOLTA_CC]
+    if plan.multiuser and old:
+        raise InvalidParameterError(where + '.multiuser', 'needs GPUs of compute capability 7.0 or newer; %s' % ', '.join(
+            'GPU %d (%s) is %d.%d' % ((gpu.index, gpu.name) + gpu.compute_capability) for gpu in old))

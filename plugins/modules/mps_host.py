@@ -1,0 +1,421 @@
+#!/usr/bin/python
+# Copyright: gpufleet.mps contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r'''
+module: mps_host
+short_description: The whole MPS state of one host - every resource's daemon and limits, the shared tmpfs, the ready mark - in one run
+version_added: 0.2.0
+description:
+  - Declarative - O(resources) is the whole list. A resource not listed is removed (O(prune)) - its daemon stopped and
+    its unit disabled and removed, its record and persisted limits deleted (its logs kept), so a resource added back
+    later starts clean. A listed resource without limits has none - the thread percentage back to 100, no pinned memory
+    limit.
+  - All or nothing. Every entry and option is checked against the host's GPUs before anything is read from a daemon or
+    changed - an unknown key, a bad limit (V(20 GB), V(150)), a size larger than a GPU, a GPU in two resources, a GPU in
+    MIG mode - and a bad one changes nothing, C(<root>/.ready) included.
+  - Plan, then apply. The run first plans every resource with the same code that applies (so check mode, RV(changed),
+    RV(actions) and the diff are the same plan); refusals - a busy daemon that must stop under O(busy=refuse), a GPU
+    that an MPS daemon of another root or tool serves - come before any change. It then applies in an order that always
+    works - the shared tmpfs; removed resources; daemons that restart (their GPUs, C(multiuser), a pinned memory limit
+    to drop - MPS has no command to unset one) are stopped; then, per listed resource, its limits persisted and applied
+    and its daemon started (the start replays the limits) - so GPUs move between resources, and resources are renamed or
+    swap GPUs, in one run.
+  - Then every listed daemon must answer; C(<root>/.ready) is written when all do and removed when one does not (the
+    module then fails, naming it). Where systemd supervises the daemons it installs a health timer that keeps the mark
+    current between runs, a logrotate drop-in where the host has O(logrotate_dir), and local facts for schedulers in
+    O(local_facts_dir).
+  - One NVML session, and on a run that changes nothing one control UI process per running daemon. M(gpufleet.mps.mps_daemon)
+    and M(gpufleet.mps.mps_limits) are the per-resource building blocks on the same code.
+  - A host without a usable NVIDIA GPU (no driver, or NVML reports none) is left alone with RV(managed=false), unless
+    O(require_gpu). An interpreter without nvidia-ml-py always fails.
+attributes:
+  check_mode:
+    description: Plans every resource, reports the actions and the diff, changes nothing.
+    support: full
+  diff_mode:
+    description: Per resource, the daemon and its limits before and after.
+    support: full
+  idempotent:
+    description: A second run with the same options changes nothing.
+    support: full
+options:
+  state:
+    description:
+      - V(present) brings the host to O(resources). V(absent) tears down everything of the collection under O(root) -
+        every resource's daemon, unit, record and persisted limits (logs stay unless O(remove_logs)), the shared tmpfs,
+        the health check, the logrotate drop-in, the local facts and the ready mark.
+    type: str
+    choices: [present, absent]
+    default: present
+  resources:
+    description:
+      - The host's resources, each a named group of GPUs with its own MPS control daemon. Unknown keys are refused.
+      - Resource names must be unique and no GPU may be in two resources.
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      name:
+        description:
+          - One or two segments separated by C(/), each of letters, digits, C(.), C(_) and C(-), for example
+            V(nvidia.com/gpu) or V(train). Its directories are C(<root>/<name>/pipe) and C(<root>/<name>/log).
+        type: str
+        required: true
+      devices:
+        description:
+          - V(all) (every GPU of the host), or a list of GPU indices, UUIDs or unique UUID prefixes, in the daemon's
+            ordinal order.
+        type: raw
+        default: all
+      multiuser:
+        description: One server shared by every user (C(-multiuser-server)); needs compute capability 7.0 or newer.
+        type: bool
+        default: false
+      replicas:
+        description:
+          - Clients per GPU - thread percentage C(100 // replicas) and pinned memory C(total_MiB // replicas) per GPU -
+            as a number, or a mapping from GPU model as NVML names it (glob patterns allowed, matched in order) to a
+            number, with a V(default) entry, so one list serves a mixed fleet. Explicit limits override it.
+        type: raw
+      active_thread_percentage:
+        description: Default active thread percentage, greater than 0 and at most 100. Not given - 100.
+        type: raw
+      pinned_device_mem_limit:
+        description:
+          - Default pinned device memory limit, one size for every GPU of the resource or a mapping from GPU index or
+            UUID to a size, in the units V(M), V(MiB), V(G), V(GiB) (binary; V(GB) and V(MB) are refused as ambiguous), at
+            most the GPU's memory. Not given - none.
+        type: raw
+  prune:
+    description: Remove the resources under O(root) (or with files in O(config_dir)) that O(resources) does not list.
+    type: bool
+    default: true
+  ready:
+    description: Manage C(<root>/.ready) (and the health timer that keeps it current between runs).
+    type: bool
+    default: true
+  require_gpu:
+    description: Fail a host without a usable NVIDIA GPU instead of leaving it alone with RV(managed=false).
+    type: bool
+    default: false
+  root:
+    description:
+      - Absolute directory under which every resource has its directories, laid out like NVIDIA's device plugin.
+        C(<root>/<name>/pipe) must be at most 87 bytes long.
+    type: path
+    default: /run/nvidia/mps
+  config_dir:
+    description: Absolute directory for what must survive a reboot - environment files and persisted limits.
+    type: path
+    default: /etc/gpufleet-mps
+  control_binary:
+    description: Absolute path of C(nvidia-cuda-mps-control). Found on E(PATH) when not given.
+    type: path
+  compute_mode:
+    description: As M(gpufleet.mps.mps_daemon)'s O(gpufleet.mps.mps_daemon#module:compute_mode), for every resource.
+    type: str
+    choices: [exclusive_process, default, unchanged]
+    default: exclusive_process
+  supervisor:
+    description: As M(gpufleet.mps.mps_daemon)'s O(gpufleet.mps.mps_daemon#module:supervisor), for every resource.
+    type: str
+    choices: [auto, systemd, none]
+    default: auto
+  log_mode:
+    description: Mode of every resource's log directory (V(0700), V(0750) or V(0755)).
+    type: raw
+    default: '0700'
+  shm:
+    description:
+      - Mount the shared tmpfs at C(<root>/shm) (O(shm_size), O(shm_persist)) and start every daemon with it as its
+        C(/dev/shm), for container clients.
+    type: bool
+    default: false
+  shm_size:
+    description: The tmpfs size - a percentage of RAM (V(50%)) or a size (V(16G)).
+    type: str
+    default: 50%
+  shm_persist:
+    description: How the tmpfs comes back at boot - V(auto) (a mount unit under systemd, else an fstab line), V(systemd), V(fstab), V(none).
+    type: str
+    choices: [auto, systemd, fstab, none]
+    default: auto
+  container_root:
+    description: Where containers see the pipe directories (RV(resources[].container)).
+    type: path
+    default: /mps
+  start_timeout:
+    description: Seconds a daemon may take to answer after its start.
+    type: int
+    default: 30
+  stop_timeout:
+    description: Seconds servers get to exit at a stop before they are forced.
+    type: int
+    default: 30
+  busy:
+    description:
+      - A daemon that must stop (a restart for a change, a removed resource, the teardown) with clients connected -
+        V(refuse) fails the run before anything is changed and ends no job, V(wait) waits up to O(busy_timeout)
+        seconds for them to leave, V(terminate) ends them.
+    type: str
+    choices: [refuse, wait, terminate]
+    default: refuse
+  busy_timeout:
+    description: Seconds O(busy=wait) waits.
+    type: int
+    default: 600
+  selinux_type:
+    description: SELinux type of every pipe directory where SELinux is enabled; empty leaves labels alone.
+    type: str
+    default: container_file_t
+  remove_logs:
+    description: With O(state=absent), remove the log directories too (and O(root) when nothing else is left in it).
+    type: bool
+    default: false
+  health_check:
+    description: Where systemd supervises the daemons, a timer that re-checks every daemon and writes or removes C(<root>/.ready).
+    type: bool
+    default: true
+  health_interval:
+    description: Seconds between two health checks (at least 5).
+    type: int
+    default: 30
+  health_timeout:
+    description: Seconds one daemon may take to answer the health check.
+    type: int
+    default: 10
+  logrotate:
+    description: Write a logrotate drop-in (C(copytruncate)) for the daemons' logs where O(logrotate_dir) exists.
+    type: bool
+    default: true
+  logrotate_dir:
+    description: The logrotate drop-in directory.
+    type: path
+    default: /etc/logrotate.d
+  logrotate_size:
+    description: Rotate a log past this size (logrotate's form, V(50M)).
+    type: str
+    default: 50M
+  logrotate_rotate:
+    description: Old logs kept.
+    type: int
+    default: 7
+  local_facts:
+    description: Write C(gpufleet_mps.fact) into O(local_facts_dir) (C(ansible_local.gpufleet_mps) of later plays).
+    type: bool
+    default: true
+  local_facts_dir:
+    description: Directory of the local facts.
+    type: path
+    default: /etc/ansible/facts.d
+requirements:
+  - nvidia-ml-py >= 12 (C(import pynvml)) on the managed node
+  - the NVIDIA driver (C(libnvidia-ml.so.1) and C(nvidia-cuda-mps-control))
+seealso:
+  - module: gpufleet.mps.mps_daemon
+  - module: gpufleet.mps.mps_limits
+  - module: gpufleet.mps.mps_info
+author:
+  - gpufleet.mps contributors
+'''
+
+EXAMPLES = r'''
+- name: Two resources on an 8-GPU host, inference shared between 4 clients per GPU
+  gpufleet.mps.mps_host:
+    resources:
+      - name: train
+        devices: [0, 1, 2, 3]
+      - name: infer
+        devices: [4, 5, 6, 7]
+        replicas: {"NVIDIA H100*": 4, default: 2}
+
+- name: What a change would do, without doing it
+  gpufleet.mps.mps_host:
+    resources:
+      - name: train
+        devices: [0, 1]
+  check_mode: true
+  diff: true
+  register: plan
+
+- name: Tear everything down, ending connected clients
+  gpufleet.mps.mps_host:
+    state: absent
+    busy: terminate
+'''
+
+RETURN = r'''
+managed:
+  description: Whether the host has a usable NVIDIA GPU and its MPS was managed; false leaves the host alone (see RV(msg)).
+  returned: always
+  type: bool
+  sample: true
+msg:
+  description: What the run did, in one line.
+  returned: always
+  type: str
+  sample: "2 resource(s), nothing to change"
+resources:
+  description:
+    - Every listed resource after the run - C(name), C(pid), C(running), C(healthy), C(devices) (index, uuid, name,
+      ordinal), C(multiuser), C(replicas), C(env) (what a client sets), C(container) (the container view), C(limits)
+      (C(persisted), the control C(commands) sent and the C(pending) servers that keep older limits), C(restarted),
+      C(changed), C(actions), C(started_at) and C(diff).
+  returned: always
+  type: list
+  elements: dict
+  sample: [{name: train, pid: 4182, running: true, healthy: true, restarted: false, changed: false}]
+removed:
+  description: The resources removed (or, in check mode, to be removed).
+  returned: always
+  type: list
+  elements: str
+  sample: [tune]
+ready:
+  description: Whether every listed daemon answers (C(<root>/.ready)); null with O(state=absent) or on an unmanaged host.
+  returned: always
+  type: bool
+  sample: true
+gpus:
+  description: The host's GPUs, as M(gpufleet.mps.mps_info) returns them.
+  returned: always
+  type: list
+  elements: dict
+nvml:
+  description: NVML's availability, error, driver and CUDA versions, and whether nvidia-ml-py imports.
+  returned: always
+  type: dict
+local_facts:
+  description: The local facts written (C(ansible_local.gpufleet_mps)); null when none are written.
+  returned: always
+  type: dict
+ui_processes:
+  description: Control UI processes this run started (one per running daemon on a run that changes nothing).
+  returned: always
+  type: int
+  sample: 2
+actions:
+  description: What the run did, or in check mode would do, in order, each prefixed by its resource (or C(shm), C(host)).
+  returned: always
+  type: list
+  elements: str
+  sample: ['tune: stop the MPS control daemon', 'train: start the MPS control daemon']
+'''
+
+from ansible_collections.gpufleet.mps.plugins.module_utils._daemon.manager import BUSY_CHOICES, COMPUTE_MODE_CHOICES, DEFAULT_BUSY_TIMEOUT
+import sys
+
+from ansible_collections.gpufleet.mps.plugins.module_utils._errors import MpsError, NvmlError
+from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import ENUMERATION_WARNING, Nvml
+from ansible_collections.gpufleet.mps.plugins.module_utils._host.manager import HostManager
+from ansible_collections.gpufleet.mps.plugins.module_utils._module import control_binary, run_module
+from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import (
+    DEFAULT_CONFIG_DIR, DEFAULT_CONTAINER_ROOT, DEFAULT_LOG_MODE, DEFAULT_ROOT,
+)
+from ansible_collections.gpufleet.mps.plugins.module_utils._selinux import CONTAINER_TYPE
+
+
+def argument_spec():
+    return dict(
+        state=dict(type='str', choices=['present', 'absent'], default='present'),
+        resources=dict(type='list', elements='dict', default=[], options=dict(
+            name=dict(type='str', required=True),
+            devices=dict(type='raw', default='all'),
+            multiuser=dict(type='bool', default=False),
+            replicas=dict(type='raw'),
+            active_thread_percentage=dict(type='raw'),
+            pinned_device_mem_limit=dict(type='raw'),
+        )),
+        prune=dict(type='bool', default=True),
+        ready=dict(type='bool', default=True),
+        require_gpu=dict(type='bool', default=False),
+        root=dict(type='path', default=DEFAULT_ROOT),
+        config_dir=dict(type='path', default=DEFAULT_CONFIG_DIR),
+        control_binary=dict(type='path'),
+        compute_mode=dict(type='str', choices=list(COMPUTE_MODE_CHOICES), default='exclusive_process'),
+        supervisor=dict(type='str', choices=['auto', 'systemd', 'none'], default='auto'),
+        log_mode=dict(type='raw', default=format(DEFAULT_LOG_MODE, '04o')),
+        shm=dict(type='bool', default=False),
+        shm_size=dict(type='str', default='50%'),
+        shm_persist=dict(type='str', choices=['auto', 'systemd', 'fstab', 'none'], default='auto'),
+        container_root=dict(type='path', default=DEFAULT_CONTAINER_ROOT),
+        start_timeout=dict(type='int', default=30),
+        stop_timeout=dict(type='int', default=30),
+        busy=dict(type='str', choices=list(BUSY_CHOICES), default='refuse'),
+        busy_timeout=dict(type='int', default=DEFAULT_BUSY_TIMEOUT),
+        selinux_type=dict(type='str', default=CONTAINER_TYPE),
+        remove_logs=dict(type='bool', default=False),
+        health_check=dict(type='bool', default=True),
+        health_interval=dict(type='int', default=30),
+        health_timeout=dict(type='int', default=10),
+        logrotate=dict(type='bool', default=True),
+        logrotate_dir=dict(type='path', default='/etc/logrotate.d'),
+        logrotate_size=dict(type='str', default='50M'),
+        logrotate_rotate=dict(type='int', default=7),
+        local_facts=dict(type='bool', default=True),
+        local_facts_dir=dict(type='path', default='/etc/ansible/facts.d'),
+    )
+
+
+def run(module):
+    params = module.params
+    nvml = Nvml()
+    info = {'available': False, 'error': None, 'driver_version': None, 'cuda_driver_version': None,
+            'python_binding': nvml.has_binding}
+    result = dict(changed=False, managed=False, resources=[], removed=[], ready=None, gpus=[], nvml=info, local_facts=None,
+                  ui_processes=0, actions=[])
+    if not nvml.has_binding:
+        raise MpsError('%s cannot import nvidia-ml-py (pynvml): that is a broken interpreter, not a host without a GPU; run '
+                       'the module with an interpreter that has nvidia-ml-py (the fleet role\'s mps_python, or its venv)' %
+                       sys.executable, nvml=info)
+    # One NVML session for the whole run: the facts, the plan and every compute mode change.
+    try:
+        nvml.__enter__()
+        info.update(driver_version=nvml.driver_version(), cuda_driver_version=nvml.cuda_driver_version())
+        gpus = nvml.gpus()
+        info['available'] = True
+    except NvmlError as exc:
+        nvml.__exit__(None, None, None)
+        info['error'] = exc.msg
+        gpus = []
+    try:
+        if nvml.enumeration_var_was_set:
+            module.warn(ENUMERATION_WARNING)
+        result['gpus'] = [gpu.facts() for gpu in gpus]
+        if not gpus:
+            why = 'this host has no usable NVIDIA GPU (%s)' % (info['error'] or 'NVML reports no GPUs')
+            if params['require_gpu']:
+                raise MpsError('%s and require_gpu is true' % why, nvml=info)
+            result['msg'] = why + ': MPS is not managed here (require_gpu=true fails such a host instead)'
+            return result
+        outcome = HostManager(params, nvml, control_binary, module.check_mode).ensure(gpus)
+    finally:
+        nvml.__exit__(None, None, None)
+    for warning in outcome.warnings:
+        module.warn(warning)
+    changed = [res['name'] for res in outcome.resources if res['changed']]
+    result.update(
+        changed=outcome.changed, managed=True, resources=outcome.resources, removed=outcome.removed, ready=outcome.ready,
+        local_facts=outcome.facts, ui_processes=outcome.ui_processes, actions=list(outcome.actions),
+        msg='%d resource(s)%s%s%s' % (
+            len(outcome.resources),
+            ', changed: %s' % ', '.join(changed) if changed else '',
+            ', removed: %s' % ', '.join(outcome.removed) if outcome.removed else '',
+            '' if outcome.changed else ', nothing to change'))
+    if module._diff:
+        result['diff'] = {'before': {res['name']: res['diff']['before'] for res in outcome.resources},
+                          'after': {res['name']: res['diff']['after'] for res in outcome.resources}}
+        for name in outcome.removed:
+            result['diff']['before'].setdefault(name, {'state': 'present'})
+            result['diff']['after'][name] = {'state': 'absent'}
+    return result
+
+
+def main():
+    run_module(argument_spec(), run)
+
+
+if __name__ == '__main__':
+    main()
