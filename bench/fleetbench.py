@@ -12,11 +12,17 @@ several repetitions each, it times:
      one ``echo <command> | nvidia-cuda-mps-control`` task per limit, a status check), hosts reset first
   d  as many ansible.builtin.ping tasks per host as b executes modules (Ansible's floor for b's work)
   e  one ansible.builtin.ping per host
+  f  b over SSH: every host reached through an sshd of the benchmark's own on 127.0.0.1 (own config, host
+     key, user key and port), with ControlPersist, as fleets are reached
+  g  e over SSH
+
+The headline ratios are b/e (the role's no-op against ONE ping per host, local connection) and f/g (the same
+over SSH), wall and CPU time, measured in the same run.
 
 and counts, per host, the module executions (a per-host interpreter wrapper logs each one), control
 UI sessions (``NEW UI`` lines of control.log) and NVML inits (the fake NVML's call log), with the
 controller's peak RSS (wait4). Then the module-level benchmark (modbench.py). Writes results.json,
-RESULTS.md and a PNG plot into --out; --publish also updates bench/RESULTS.md and the plot in bench/.
+RESULTS.md and two plots (matplotlib) into --out; --publish also updates bench/RESULTS.md and the plots in bench/.
 
 Needs: ``make simhost`` (the fake NVML library) and ``make collection`` with ANSIBLE_COLLECTIONS_PATH
 naming its TEST_ROOT. Exits non-zero when a run fails or a counted invariant breaks (b changes
@@ -29,6 +35,7 @@ from __future__ import annotations
 import argparse
 import collections
 import datetime
+import getpass
 import importlib.metadata
 import json
 import os
@@ -36,6 +43,7 @@ import platform
 import re
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -44,7 +52,6 @@ import threading
 import time
 import typing as t
 
-import pngplot
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(BENCH)
@@ -53,23 +60,26 @@ GPU_CONFIG = os.path.join(FAKES, 'nvml', 'configs', 'a100x8.ini')
 GPU_MEM_MIB = 40960
 # (name, GPU indices, replicas): the same resources for the role and for the shell baseline.
 RESOURCES = (('train', (0, 1, 2, 3), 4), ('infer', (4, 5, 6, 7), 8))
-VARIANTS = ('a', 'b', 'c', 'd', 'e')
+VARIANTS = ('a', 'b', 'c', 'd', 'e', 'f', 'g')
 TITLES = {
     'a': 'role, first converge',
     'b': 'role, no-op re-run',
     'c': 'shell baseline (first run)',
     'd': 'pings: b\'s module count',
     'e': 'one ping per host',
+    'f': 'role, no-op re-run, over SSH',
+    'g': 'one ping per host, over SSH',
 }
-COLORS = {'a': (200, 40, 40), 'b': (40, 90, 200), 'c': (40, 150, 60), 'd': (130, 130, 130)}
-PLAYBOOKS = {'a': 'role.yml', 'b': 'role.yml', 'c': 'shell.yml', 'd': 'ping_d.yml', 'e': 'ping_e.yml'}
+COLORS = {'a': 'tab:red', 'b': 'tab:blue', 'c': 'tab:green', 'd': 'tab:gray', 'e': 'black', 'f': 'tab:purple', 'g': 'tab:olive'}
+PLAYBOOKS = {'a': 'role.yml', 'b': 'role.yml', 'c': 'shell.yml', 'd': 'ping_d.yml', 'e': 'ping_e.yml', 'f': 'role.yml', 'g': 'ping_e.yml'}
+SSH_VARIANTS = ('f', 'g')
 RECAP = re.compile(r'^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)\s+skipped=(\d+)\s+'
                    r'rescued=(\d+)\s+ignored=(\d+)')
 MEASURED_BEGIN = '<!-- measured:begin (written by bench/fleetbench.py --publish; edit outside these markers) -->'
 MEASURED_END = '<!-- measured:end -->'
 PLOT_NAME = 'fleet-time-per-host.png'
 CPU_PLOT_NAME = 'fleet-cpu-per-host.png'
-RATIOS = (('b', 'd'), ('b', 'e'), ('a', 'c'), ('b', 'c'))
+RATIOS = (('b', 'e'), ('f', 'g'), ('a', 'e'), ('b', 'd'), ('a', 'c'), ('b', 'c'))
 
 
 class BenchError(Exception):
@@ -132,6 +142,83 @@ def kill_pids(pids: t.Iterable[int]) -> None:
     deadline = time.monotonic() + 10
     while any(not _pid_gone(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.02)
+
+
+class SshServer:
+    """An sshd of the benchmark's own on 127.0.0.1 - its own config, host key, user key and port - for variants f and g.
+
+    Started before the fleet runs, stopped (with the ControlPersist masters of its clients) at the end. Needs
+    openssh-server (``make deps``); as root, sshd's compiled-in privilege separation directory (/run/sshd) must exist.
+    """
+
+    def __init__(self, base: str) -> None:
+        self.dir = os.path.join(base, 'ssh')
+        self.control_dir = os.path.join(self.dir, 'cp')
+        self.user_key = os.path.join(self.dir, 'user_ed25519')
+        self.port = 0
+        self.proc: t.Optional[subprocess.Popen] = None
+        self.log = os.path.join(self.dir, 'sshd.log')
+
+    def start(self) -> None:
+        sshd = shutil.which('sshd') or '/usr/sbin/sshd'
+        keygen = shutil.which('ssh-keygen')
+        if not os.access(sshd, os.X_OK) or not keygen:
+            raise BenchError('variants f and g need sshd and ssh-keygen: `make deps` installs openssh-server')
+        os.makedirs(self.control_dir, mode=0o700)
+        host_key = os.path.join(self.dir, 'host_ed25519')
+        for key in (host_key, self.user_key):
+            subprocess.run([keygen, '-q', '-t', 'ed25519', '-N', '', '-C', 'gpufleet-mps-bench', '-f', key], check=True)
+        shutil.copyfile(self.user_key + '.pub', os.path.join(self.dir, 'authorized_keys'))
+        with socket.socket() as probe:
+            probe.bind(('127.0.0.1', 0))
+            self.port = probe.getsockname()[1]
+        config = os.path.join(self.dir, 'sshd_config')
+        with open(config, 'w', encoding='utf-8') as handle:
+            handle.write('\n'.join([
+                '# gpufleet.mps bench: an sshd for this run only', 'Port %d' % self.port, 'ListenAddress 127.0.0.1',
+                'HostKey %s' % host_key, 'PidFile none', 'AuthorizedKeysFile %s' % os.path.join(self.dir, 'authorized_keys'),
+                'PubkeyAuthentication yes', 'PasswordAuthentication no', 'KbdInteractiveAuthentication no', 'UsePAM no',
+                'PermitRootLogin prohibit-password', 'StrictModes no', 'MaxStartups 512', 'MaxSessions 512', 'LogLevel ERROR',
+                'Subsystem sftp internal-sftp', '']))
+        if os.geteuid() == 0:
+            os.makedirs('/run/sshd', mode=0o755, exist_ok=True)
+        with open(self.log, 'w', encoding='utf-8') as log:
+            self.proc = subprocess.Popen([sshd, '-D', '-e', '-f', config], stdout=log, stderr=subprocess.STDOUT,  # pylint: disable=consider-using-with
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise BenchError('sshd exited with %s: %s' % (self.proc.returncode, ' '.join(_read_lines(self.log))[-2000:]))
+            try:
+                with socket.create_connection(('127.0.0.1', self.port), timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.1)
+        raise BenchError('sshd did not listen on 127.0.0.1:%d within 15 s (%s)' % (self.port, self.log))
+
+    def stop(self) -> None:
+        """The ControlPersist masters of this run's clients first, then sshd (and the sessions it still has)."""
+        marker = self.control_dir.encode()
+        masters = []
+        for entry in os.listdir('/proc'):
+            if entry.isdigit():
+                try:
+                    with open('/proc/%s/cmdline' % entry, 'rb') as handle:
+                        if marker in handle.read():
+                            masters.append(int(entry))
+                except OSError:
+                    continue
+        kill_pids(masters)
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
 
 
 class SimHost:
@@ -233,10 +320,16 @@ PLAY_ENV = '''  environment:
 '''
 
 
-def inventory_text(hosts: t.Sequence[SimHost]) -> str:
-    lines = ['---', 'all:', '  vars:', '    ansible_connection: local',
-             '    # a wrapper that logs each module execution, then runs the venv Python',
-             '    ansible_python_interpreter: "{{ sim_dir }}/py"', '  hosts:']
+def inventory_text(hosts: t.Sequence[SimHost], ssh: t.Optional[SshServer] = None) -> str:
+    if ssh is None:
+        connection = ['    ansible_connection: local']
+    else:
+        connection = ['    # every host through the benchmark\'s own sshd, as fleets are reached',
+                      '    ansible_connection: ssh', '    ansible_host: 127.0.0.1', '    ansible_port: %d' % ssh.port,
+                      '    ansible_user: %s' % getpass.getuser(), '    ansible_ssh_private_key_file: %s' % ssh.user_key]
+    lines = ['---', 'all:', '  vars:'] + connection + [
+        '    # a wrapper that logs each module execution, then runs the venv Python',
+        '    ansible_python_interpreter: "{{ sim_dir }}/py"', '  hosts:']
     lines += ['    %s: {sim_dir: %s}' % (host.name, host.dir) for host in hosts]
     return '\n'.join(lines) + '\n'
 
@@ -331,12 +424,15 @@ class Run(t.NamedTuple):
 class Fleet:
     """N simulated hosts, their playbooks, and the runs over them."""
 
-    def __init__(self, args: argparse.Namespace, hosts: t.Sequence[SimHost]) -> None:
+    def __init__(self, args: argparse.Namespace, hosts: t.Sequence[SimHost], ssh: t.Optional[SshServer] = None) -> None:
         self.args = args
         self.hosts = list(hosts)
         self.dir = os.path.join(args.out, 'n%03d' % len(hosts))
         os.makedirs(os.path.join(self.dir, 'logs'), exist_ok=True)
         self._write('inventory.yml', inventory_text(self.hosts))
+        if ssh is not None:
+            self._write('inventory_ssh.yml', inventory_text(self.hosts, ssh))
+            self._write('ansible_ssh.cfg', ansible_cfg(args, ssh))
         self._write('role.yml', role_playbook())
         self._write('shell.yml', shell_playbook())
         self._write('ping_e.yml', ping_playbook(1))
@@ -360,8 +456,10 @@ class Fleet:
             host.clear_counters()
         log = os.path.join(self.dir, 'logs', '%s-%s.log' % (rep, variant))
         env = {key: value for key, value in os.environ.items() if not key.startswith('ANSIBLE_')}
-        env.update(ANSIBLE_CONFIG=os.path.join(self.dir, 'ansible.cfg'), ANSIBLE_COLLECTIONS_PATH=self.args.collections_path)
-        argv = [self.args.ansible_playbook, '-i', 'inventory.yml', PLAYBOOKS[variant]]
+        ssh = variant in SSH_VARIANTS
+        env.update(ANSIBLE_CONFIG=os.path.join(self.dir, 'ansible_ssh.cfg' if ssh else 'ansible.cfg'),
+                   ANSIBLE_COLLECTIONS_PATH=self.args.collections_path)
+        argv = [self.args.ansible_playbook, '-i', 'inventory_ssh.yml' if ssh else 'inventory.yml', PLAYBOOKS[variant]]
         with open(log, 'w', encoding='utf-8') as handle:
             started = time.perf_counter()
             proc = subprocess.Popen(argv, cwd=self.dir, env=env, stdout=handle, stderr=subprocess.STDOUT,  # pylint: disable=consider-using-with
@@ -402,11 +500,11 @@ class Fleet:
         bad = [host for host, (_ok, _changed, unreachable, failed, *_rest) in run.recap.items() if unreachable or failed]
         if bad:
             raise BenchError('%s: failed or unreachable on %s' % (where, ', '.join(sorted(bad))))
-        if run.variant == 'b':
+        if run.variant in ('b', 'f'):
             changed = [host for host, values in run.recap.items() if values[1]]
             if changed:
                 raise BenchError('%s: the re-run changed something on %s (the role is not idempotent)' % (where, ', '.join(sorted(changed))))
-        if run.variant in ('a', 'b', 'c'):
+        if run.variant in ('a', 'b', 'c', 'f'):
             down = [host.name for host in self.hosts if host.live_daemons() != len(RESOURCES)]
             if down:
                 raise BenchError('%s: not %d daemons running on %s' % (where, len(RESOURCES), ', '.join(down)))
@@ -421,12 +519,12 @@ class Fleet:
                 raise BenchError('%s: a process on %s called NVML without initialising it' % (where, host.name))
             if run.variant == 'd' and counters['modules'] != self.pings:
                 raise BenchError('%s: %s executed %d modules, not %d' % (where, host.name, counters['modules'], self.pings))
-            if run.variant == 'b' and self.pings and counters['modules'] != self.pings:
+            if run.variant in ('b', 'f') and self.pings and counters['modules'] != self.pings:
                 raise BenchError('%s: %s executed %d modules, the warm-up no-op %d' % (where, host.name, counters['modules'], self.pings))
 
 
-def ansible_cfg(args: argparse.Namespace) -> str:
-    return '''# The benchmark's whole Ansible configuration (ANSIBLE_* variables of the caller are dropped).
+def ansible_cfg(args: argparse.Namespace, ssh: t.Optional[SshServer] = None) -> str:
+    text = '''# The benchmark's whole Ansible configuration (ANSIBLE_* variables of the caller are dropped).
 [defaults]
 forks = %d
 host_key_checking = False
@@ -438,6 +536,15 @@ interpreter_python = auto_silent
 [connection]
 pipelining = %s
 ''' % (args.forks, 'True' if args.pipelining else 'False')
+    if ssh is not None:
+        # One master connection per host, kept between tasks and runs (ControlPersist), as an SSH fleet is run.
+        text += '''
+[ssh_connection]
+ssh_args = -o ControlMaster=auto -o ControlPersist=120s -o UserKnownHostsFile=/dev/null -o StrictHostKeyChecking=no -o IdentitiesOnly=yes -o LogLevel=ERROR
+control_path_dir = %s
+pipelining = %s
+''' % (ssh.control_dir, 'True' if args.pipelining else 'False')
+    return text
 
 
 def _per_host(run: Run, key: str) -> str:
@@ -445,8 +552,8 @@ def _per_host(run: Run, key: str) -> str:
     return str(values[0]) if len(values) == 1 else '%s..%s' % (values[0], values[-1])
 
 
-def bench_fleet(args: argparse.Namespace, hosts: t.Sequence[SimHost]) -> t.Dict[str, t.Any]:
-    fleet = Fleet(args, hosts)
+def bench_fleet(args: argparse.Namespace, hosts: t.Sequence[SimHost], ssh: t.Optional[SshServer] = None) -> t.Dict[str, t.Any]:
+    fleet = Fleet(args, hosts, ssh)
     n = len(hosts)
     if args.pings:
         fleet.set_pings(args.pings)
@@ -460,7 +567,9 @@ def bench_fleet(args: argparse.Namespace, hosts: t.Sequence[SimHost]) -> t.Dict[
             raise BenchError('N=%d: hosts executed different module counts in the no-op: %s' % (n, sorted(counts)))
         fleet.set_pings(counts.pop())
     runs: t.Dict[str, t.List[Run]] = {variant: [] for variant in VARIANTS if variant in args.variants}
-    blocks = [block for block in ([v for v in ('a', 'b') if v in runs], ['c'], ['d'], ['e']) if all(v in runs for v in block) and block]
+    # f (the no-op over SSH) needs the role's converged hosts: it runs in a's block, after b.
+    blocks = [block for block in ([v for v in ('a', 'b', 'f') if v in runs], ['c'], ['d'], ['e'], ['g'])
+              if all(v in runs for v in block) and block]
     for rep in range(args.reps):
         shift = rep % len(blocks)
         for block in blocks[shift:] + blocks[:shift]:
@@ -616,9 +725,14 @@ def targets(fleet: t.Sequence[t.Dict[str, t.Any]], modules: t.Optional[t.Dict[st
     for item in fleet:
         ratios, cpu = item['ratios'], item['cpu_ratios']
         where = 'N=%d, run %d' % (item['hosts'], item.get('run', 0) + 1)
-        if 'b/d' in ratios:
-            rows.append(('b/d <= 1.3 (%s)' % where, '%s (CPU %s)' % (_f(ratios['b/d']), _f(cpu['b/d'])),
-                         _judge(ratios['b/d'] <= 1.3, cpu['b/d'] <= 1.3)))
+        for key, limit, what in (('b/e', 1.5, 'no-op, local'), ('f/g', 1.5, 'no-op over SSH'), ('a/e', 3.0, 'first converge')):
+            if key in ratios:
+                rows.append(('%s <= %g, %s (%s)' % (key, limit, what, where), '%s (CPU %s)' % (_f(ratios[key]), _f(cpu[key])),
+                             _judge(ratios[key] <= limit, cpu[key] <= limit)))
+        for variant in ('b', 'f'):
+            if variant in item['variants']:
+                count = item['variants'][variant]['modules_per_host']
+                rows.append(('%s: 1 module execution per host (%s)' % (variant, where), '%g' % count, 'met' if count == 1 else 'MISSED'))
         for name in ('a', 'b'):
             key = '%s/c' % name
             if key in ratios:
@@ -634,7 +748,7 @@ def targets(fleet: t.Sequence[t.Dict[str, t.Any]], modules: t.Optional[t.Dict[st
     if inits:
         rows.append(('at most one NVML init per module process (fleet runs a, b)', 'max %d' % max(inits), 'met' if max(inits) <= 1 else 'MISSED'))
     default_runs = primary(fleet)
-    for variant in ('a', 'b', 'c', 'd', 'e'):
+    for variant in VARIANTS:
         by_n = {item['hosts']: item['variants'][variant] for item in default_runs if variant in item['variants']}
         sizes = [n for n in sorted(by_n) if n >= 4]
         if len(sizes) < 2 or sizes[0] != 4:
@@ -674,13 +788,15 @@ def measured_markdown(runs: t.Sequence[t.Dict[str, t.Any]], fleet: t.Sequence[t.
                 item['hosts'], item.get('run', 0) + 1, variant, label, _f(data['median_s']), _f(data['per_host_s'], 3),
                 ' '.join(_f(value, 1) for value in data['seconds']), _f(data['median_cpu_s']), _f(data['cpu_per_host_s'], 3),
                 data['modules_per_host'], data['ui_per_host'], data['nvml_inits_per_host'], data['maxrss_mib']))
-    out += ['', '### Ratios of the medians: wall time (CPU time)', '', '| N | run | b/d | b/e | a/c | b/c |', '|---:|---:|---:|---:|---:|---:|']
+    keys = ['%s/%s' % pair for pair in RATIOS]
+    out += ['', '### Ratios of the medians: wall time (CPU time)', '', '| N | run | %s |' % ' | '.join(keys),
+            '|---:|---:|%s' % ('---:|' * len(keys))]
     for item in fleet:
-        out.append('| %d | %d | %s |' % (item['hosts'], item.get('run', 0) + 1, ' | '.join(_ratio(item, key) for key in ('b/d', 'b/e', 'a/c', 'b/c'))))
+        out.append('| %d | %d | %s |' % (item['hosts'], item.get('run', 0) + 1, ' | '.join(_ratio(item, key) for key in keys)))
     if fleet:
         first = fleet[0]['variants']
         out += ['', 'Module executions per host (N=%d, counted by the per-host interpreter wrapper): %s.' % (
-            fleet[0]['hosts'], '; '.join('%s: %s' % (v, _names(first[v]['module_names'])) for v in ('a', 'b', 'c') if v in first))]
+            fleet[0]['hosts'], '; '.join('%s: %s' % (v, _names(first[v]['module_names'])) for v in ('a', 'b', 'c', 'f') if v in first))]
     for modules in module_runs or ([modules] if modules else []):
         calls = modules['calls']
         heading = '### Module level: no-op on one 8-GPU daemon with one MPS server (run %d, median of %d)' % (
@@ -726,14 +842,12 @@ def write_outputs(args: argparse.Namespace, results: t.Dict[str, t.Any]) -> None
     with open(os.path.join(args.out, 'RESULTS.md'), 'w', encoding='utf-8') as handle:
         handle.write('# gpufleet.mps benchmark results\n\n' + block)
     default_runs = primary(fleet)
-    plotted = [v for v in ('a', 'b', 'c', 'd') if any(v in item['variants'] for item in default_runs)]
+    plotted = [v for v in VARIANTS if any(v in item['variants'] for item in default_runs)]
     if plotted:
         for name, key, title in ((PLOT_NAME, 'per_host_s', 'wall seconds per host'), (CPU_PLOT_NAME, 'cpu_per_host_s', 'CPU seconds per host')):
-            series = [pngplot.Series('%s %s' % (variant, TITLES[variant]), COLORS[variant],
-                                     [(item['hosts'], item['variants'][variant][key]) for item in default_runs if variant in item['variants']],
-                                     8 if variant == 'd' else 0)
-                      for variant in plotted]
-            pngplot.line_plot(os.path.join(args.out, name), 'gpufleet.mps: %s vs fleet size' % title, 'hosts (N)', title + ' (median)', series)
+            plot(os.path.join(args.out, name), 'gpufleet.mps: %s vs fleet size' % title, title + ' (median)',
+                 {variant: [(item['hosts'], item['variants'][variant][key]) for item in default_runs if variant in item['variants']]
+                  for variant in plotted})
     if args.publish:
         target = os.path.join(BENCH, 'RESULTS.md')
         text = '# gpufleet.mps benchmark results\n\n'
@@ -750,6 +864,34 @@ def write_outputs(args: argparse.Namespace, results: t.Dict[str, t.Any]) -> None
         if plotted:
             for name in (PLOT_NAME, CPU_PLOT_NAME):
                 shutil.copyfile(os.path.join(args.out, name), os.path.join(BENCH, name))
+
+
+def plot(path: str, title: str, ylabel: str, series: t.Mapping[str, t.Sequence[t.Tuple[int, float]]]) -> None:
+    """One line per variant over the fleet sizes (log x), written as a PNG with matplotlib."""
+    import matplotlib  # pylint: disable=import-outside-toplevel
+    matplotlib.use('Agg')
+    from matplotlib import pyplot  # pylint: disable=import-outside-toplevel
+    figure, axes = pyplot.subplots(figsize=(8, 5), dpi=100)
+    for variant, points in series.items():
+        if not points:
+            continue
+        xs, ys = zip(*sorted(points))
+        axes.plot(xs, ys, marker='o', color=COLORS[variant], linestyle='--' if variant in SSH_VARIANTS else '-',
+                  label='%s %s' % (variant, TITLES[variant]))
+    sizes = sorted({n for points in series.values() for n, _value in points})
+    if len(sizes) > 1:
+        axes.set_xscale('log', base=2)
+    axes.set_xticks(sizes)
+    axes.set_xticklabels([str(n) for n in sizes])
+    axes.set_ylim(bottom=0)
+    axes.set_xlabel('hosts (N)')
+    axes.set_ylabel(ylabel)
+    axes.set_title(title)
+    axes.grid(True, alpha=0.3)
+    axes.legend(fontsize='small')
+    figure.tight_layout()
+    figure.savefig(path)
+    pyplot.close(figure)
 
 
 def merge(paths: t.Sequence[str]) -> t.Dict[str, t.Any]:
@@ -776,7 +918,8 @@ def parse_args(argv: t.Sequence[str]) -> argparse.Namespace:
     parser.add_argument('--hosts', default='16', help='fleet size(s), comma separated (default 16), e.g. 1,4,16,64')
     parser.add_argument('--reps', type=int, default=3, help='repetitions of each variant (default 3; medians are reported)')
     parser.add_argument('--out', required=True, help='output directory (playbooks, logs, results.json, RESULTS.md, plot)')
-    parser.add_argument('--variants', default=''.join(VARIANTS), help='which of a,b,c,d,e to time (default all; b brings a along)')
+    parser.add_argument('--variants', default=''.join(VARIANTS), help='which of a,b,c,d,e,f,g to time (default all; f brings b '
+                        'and b brings a along; f and g start an sshd of their own)')
     parser.add_argument('--pings', type=int, default=0, help='ping tasks per host for d; default: count the modules of a warm-up no-op '
                         '(a, b); given, the warm-up is skipped and every b run must execute exactly this many modules')
     parser.add_argument('--module-reps', type=int, default=5, help='repetitions of the module-level benchmark (0 skips it)')
@@ -803,6 +946,8 @@ def parse_args(argv: t.Sequence[str]) -> argparse.Namespace:
     if any(size < 1 or size > 999 for size in args.sizes) or args.reps < 1 or args.module_reps < 0 or args.pings < 0:
         parser.error('--hosts must be 1..999, --reps at least 1, --module-reps and --pings at least 0')
     args.variants = {variant for variant in args.variants.replace(',', '') if variant in VARIANTS}
+    if 'f' in args.variants:
+        args.variants.add('b')
     if 'b' in args.variants:
         args.variants.add('a')
     args.python = sys.executable
@@ -852,12 +997,16 @@ def main(argv: t.Sequence[str]) -> int:
     fleet: t.List[t.Dict[str, t.Any]] = []
     modules = None
     started = time.monotonic()
+    ssh = SshServer(args.sim_base) if args.sizes and args.variants & set(SSH_VARIANTS) else None
     try:
         print('laying out %d simulated hosts under %s' % (len(hosts), args.sim_base), flush=True)
         for host in hosts:
             host.create(args.lib, args.python)
+        if ssh is not None:
+            ssh.start()
+            print('sshd of this run on 127.0.0.1:%d (variants %s)' % (ssh.port, ', '.join(sorted(args.variants & set(SSH_VARIANTS)))), flush=True)
         for size in args.sizes:
-            fleet.append(bench_fleet(args, hosts[:size]))
+            fleet.append(bench_fleet(args, hosts[:size], ssh))
             print('N=%d: %s' % (size, '  '.join('%s %.2f' % item for item in sorted(fleet[-1]['ratios'].items()))), flush=True)
         if args.module_reps:
             modules = bench_modules(args)
@@ -865,6 +1014,8 @@ def main(argv: t.Sequence[str]) -> int:
         print('FAILED: %s' % exc, file=sys.stderr)
         return 1
     finally:
+        if ssh is not None:
+            ssh.stop()
         kill_pids(sim_processes(args.sim_base))
         shutil.rmtree(args.sim_base, ignore_errors=True)
     facts['load_end'] = ' '.join('%.2f' % value for value in os.getloadavg())

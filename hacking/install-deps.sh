@@ -5,6 +5,8 @@
 #   logrotate   - the fleet role's log rotation drop-in is checked with logrotate --debug
 #   systemd-container, debootstrap, zstd, procps - the molecule systemd scenario boots a Debian guest
 #               with systemd-nspawn (tests/nspawn/)
+#   openssh-server - bench/fleetbench.py reaches its hosts over SSH too (an sshd of its own on 127.0.0.1,
+#               started and stopped by the benchmark; the package's own service is not started here)
 set -euo pipefail
 
 declare -A need=(
@@ -16,6 +18,7 @@ declare -A need=(
   [zstd]=zstd
   [pgrep]=procps
   [logrotate]=logrotate
+  [/usr/sbin/sshd]=openssh-server
 )
 
 missing=()
@@ -30,5 +33,13 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 echo "install-deps.sh: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
+# Packages install, they do not start services (openssh-server's sshd on port 22): Debian's policy-rc.d
+# convention, only while this script runs and only where the host has no policy of its own.
+policy=/usr/sbin/policy-rc.d
+if [ ! -e "$policy" ]; then
+  printf '#!/bin/sh\n# gpufleet.mps install-deps.sh: no service starts while it installs packages\nexit 101\n' > "$policy"
+  chmod 0755 "$policy"
+  trap 'rm -f "$policy"' EXIT
+fi
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

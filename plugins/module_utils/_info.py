@@ -25,7 +25,7 @@ from ._io import untraversable_parents
 from ._resource.record import StartRecord, read_record
 from ._proc import child_pids, daemon_dev_shm, process_uid
 from ._limits.model import Limits, parse_readback, percentage_matches, readback_matches
-from ._resource.store import read_persisted
+from ._resource.store import persisted_facts, read_persisted
 from ._resource.layout import (
     DEFAULT_CONTAINER_ROOT,
     SHM_DIR,
@@ -69,16 +69,6 @@ def parse_daemon_replies(replies: t.Sequence[Reply], ordinals: int, candidates: 
 
 
 # --- limits -------------------------------------------------------------------------------------
-def persisted_facts(limits: t.Optional[Limits]) -> t.Optional[t.Dict[str, t.Any]]:
-    if limits is None:
-        return None
-    return {
-        'active_thread_percentage': limits.active_thread_percentage,
-        'pinned_device_mem_limit_mib': dict(sorted(limits.pinned_device_mem_limit.items())),
-        'replicas': limits.replicas,
-    }
-
-
 def limit_differences(persisted: t.Optional[Limits], percentage: t.Optional[float],
                       mem: t.Mapping[str, t.Optional[str]], uuids: t.Sequence[str]) -> t.List[str]:
     """Where the daemon's defaults disagree with the persisted limits, read-back loss allowed for.

@@ -15,7 +15,7 @@ description:
   - All or nothing. Every entry and option is checked against the host's GPUs before anything is read from a daemon or
     changed - an unknown key, a bad limit (V(20 GB), V(150)), a size larger than a GPU, a GPU in two resources, a GPU in
     MIG mode - and a bad one changes nothing, C(<root>/.ready) included.
-  - Plan, then apply. The run first plans every resource with the same code that applies (so check mode, RV(changed),
+  - Plan, then apply. The run first plans every resource with the same code that applies (so check mode, C(changed),
     RV(actions) and the diff are the same plan); refusals - a busy daemon that must stop under O(busy=refuse), a GPU
     that an MPS daemon of another root or tool serves - come before any change. It then applies in an order that always
     works - the shared tmpfs; removed resources; daemons that restart (their GPUs, C(multiuser), a pinned memory limit
@@ -143,7 +143,7 @@ options:
     choices: [auto, systemd, fstab, none]
     default: auto
   container_root:
-    description: Where containers see the pipe directories (RV(resources[].container)).
+    description: Where containers see the pipe directories (the C(container) view of each of RV(resources)).
     type: path
     default: /mps
   start_timeout:
@@ -218,7 +218,7 @@ seealso:
   - module: gpufleet.mps.mps_limits
   - module: gpufleet.mps.mps_info
 author:
-  - gpufleet.mps contributors
+  - gpufleet.mps developers (@gpufleet)
 '''
 
 EXAMPLES = r'''

@@ -29,13 +29,12 @@ from dataclasses import dataclass, field
 from .._daemon.manager import DaemonSetup, ResourceManager
 from .._errors import ControlBinaryError, DaemonTimeoutError, InvalidParameterError, MpsError
 from .._gpus import Gpu, Nvml
-from .._info import persisted_facts
 from .._io import atomic_write, ensure_dir, read_text, refuse_unsafe_dirs, remove
 from .._limits.manager import LimitsManager
 from .._outcome import Outcome
-from .._resource.layout import config_paths, resource_paths, validate_root
+from .._resource.layout import validate_root
 from .._resource.scan import scan_config, scan_resources
-from .._resource.store import read_persisted
+from .._resource.store import persisted_facts, read_persisted
 from .._shm import Mounter, ShmManager, size_kib
 from .._supervisor.health import HEALTH_NAME, render_health
 from .._supervisor.logrotate import render_logrotate
@@ -146,7 +145,8 @@ class HostManager:
 
     def _limits(self, res: _Resource, check_mode: bool) -> t.Any:
         plan = res.plan
-        assert plan is not None
+        if plan is None:
+            raise MpsError('internal error: limits of the removed resource %s were asked for' % res.name)
         running = inspect(res.setup.paths).running
         manager = LimitsManager(res.setup.paths, res.setup.config, res.setup.daemon if running else None, self.nvml.gpus(),
                                 check_mode)
@@ -297,8 +297,10 @@ class HostManager:
             ready = os.path.join(self.root, READY_FILE)
             if p['ready'] and out.ready:
                 if not os.path.exists(ready):
-                    ensure_root = (lambda: (ensure_dir(self.root, 0o755), atomic_write(ready, '', 0o644)))
-                    after.act('write %s' % ready, None if self.check_mode else ensure_root, 'every listed daemon answers')
+                    def mark() -> None:
+                        ensure_dir(self.root, 0o755)
+                        atomic_write(ready, '', 0o644)
+                    after.act('write %s' % ready, None if self.check_mode else mark, 'every listed daemon answers')
             elif p['ready']:
                 self._remove(after, ready, 'not healthy: %s' % ', '.join(sorted(out.unhealthy)))
         self._health(after, present and bool(listed))

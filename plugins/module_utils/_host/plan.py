@@ -97,7 +97,7 @@ def plan_resources(resources: t.Any, gpus: t.Sequence[Gpu], param: str = 'resour
         replicas = per_gpu.pop() if per_gpu else None
         if replicas is not None:
             check_replicas(replicas, chosen, where + '.replicas', caps)
-        plan = ResourcePlan(name, chosen, bool(resource.get('multiuser') or False), replicas,
+        plan = ResourcePlan(name, chosen, bool(resource.get('multiuser')), replicas,
                             resource.get('active_thread_percentage'), resource.get('pinned_device_mem_limit'))
         _check_limits(plan, where, gpus)
         plans.append(plan)

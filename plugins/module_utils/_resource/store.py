@@ -51,6 +51,17 @@ def start_env_text(commands: t.Sequence[str]) -> str:
             + ''.join('%s=%s\n' % item for item in sorted(env.items())))
 
 
+def persisted_facts(limits: t.Optional[Limits]) -> t.Optional[t.Dict[str, t.Any]]:
+    """The persisted limits as mps_info and mps_host report them (memory in MiB by GPU UUID, ``*`` for every GPU)."""
+    if limits is None:
+        return None
+    return {
+        'active_thread_percentage': limits.active_thread_percentage,
+        'pinned_device_mem_limit_mib': dict(sorted(limits.pinned_device_mem_limit.items())),
+        'replicas': limits.replicas,
+    }
+
+
 def read_persisted(config: ConfigPaths) -> t.Optional[Limits]:
     """The persisted wanted limits, or None when there are none (or the file is unreadable)."""
     return Limits.from_data(read_json(config.limits_json))
