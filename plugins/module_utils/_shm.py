@@ -28,6 +28,7 @@ from ._resource.lock import RootLock
 from ._proc import daemon_dev_shm, read_mountinfo
 from ._resource.layout import SHM_DIR, resource_paths, systemd_instance, validate_root
 from ._resource.scan import scan_resources
+from ._selinux import enabled as selinux_enabled, plan_type, set_type as set_selinux_type
 from ._supervisor.unit import Systemctl
 
 FLAGS = ('rw', 'nosuid', 'nodev', 'noexec')
@@ -285,7 +286,8 @@ class ShmManager:
     """Bring ``<root>/shm`` to ``mounted`` (with its persistence) or ``absent``."""
 
     def __init__(self, root: str, persist: str, fstab: str, unit_dir: str, check_mode: bool, mounter: Mounter,
-                 pages: t.Optional[t.Tuple[int, int]] = None, systemctl: t.Optional[Systemctl] = None) -> None:
+                 pages: t.Optional[t.Tuple[int, int]] = None, systemctl: t.Optional[Systemctl] = None,
+                 selinux_type: str = '') -> None:
         self.root = validate_root(root)
         # The kernel names mount points by their real path: /var/run/nvidia/mps/shm is mounted as /run/...
         self.given_path = os.path.join(self.root, SHM_DIR)
@@ -298,6 +300,9 @@ class ShmManager:
         self.pages = pages
         self.systemctl = systemctl
         self.unit = mount_unit_name(self.path)
+        # The tmpfs root's SELinux type where SELinux is enabled ('' leaves labels alone): container clients that
+        # mount it as their /dev/shm need a type containers may use, as for the pipe directories.
+        self.selinux_type = selinux_type
 
     def _persisted(self) -> t.Dict[str, t.Any]:
         fstab = read_text(self.fstab) or ''
@@ -349,6 +354,7 @@ class ShmManager:
         out.before = dict(current.view(), persisted=self._persisted())
         if kib is not None:
             self._mount(current, kib, out)
+            self._label(current, out)
             self._persist(kib, out)
             out.after = dict(ShmState(True, kib, list(FLAGS), '1777').view(), persisted={
                 'fstab': self.persist == 'fstab', 'unit': self.persist == 'systemd'})
@@ -385,6 +391,20 @@ class ShmManager:
         if current.mode != '1777':
             # tmpfs takes mode= only when mounted; the root directory's mode is changed in place.
             out.act('chmod 1777 %s (was %s)' % (self.path, current.mode), lambda: os.chmod(self.path, MODE))
+
+    def _label(self, current: ShmState, out: ShmOutcome) -> None:
+        """The tmpfs root's SELinux type, once it is mounted; a mount made by this run is labelled after it.
+
+        A tmpfs comes back unlabelled at boot (its mount unit or fstab line mounts it): the daemons' units label it
+        again before they start (their shm drop-in), as they do their pipe directories.
+        """
+        if not self.selinux_type or not selinux_enabled():
+            return
+        if not current.mounted:
+            selinux_type = self.selinux_type
+            out.act('set SELinux type %s on %s' % (selinux_type, self.path), lambda: set_selinux_type(self.path, selinux_type))
+            return
+        plan_type(self.path, self.selinux_type, out)
 
     def _persist(self, kib: t.Optional[int], out: ShmOutcome) -> None:
         """One persistence mechanism (or none): the other is removed, so two never fight at boot."""

@@ -167,7 +167,7 @@ options:
     type: int
     default: 600
   selinux_type:
-    description: SELinux type of every pipe directory where SELinux is enabled; empty leaves labels alone.
+    description: SELinux type of every pipe directory and of the shared tmpfs where SELinux is enabled; empty leaves labels alone.
     type: str
     default: container_file_t
   remove_logs:

@@ -24,6 +24,9 @@ description:
     start applies them. Setting limits before the first start is the safe order - no server ever starts without them -
     and gives no warning, nor does a daemon stopped with M(gpufleet.mps.mps_daemon). A daemon that was started and is
     not running now - its C(.started) record or files of its pipe directory are still there, as after a crash - does.
+  - Only the limits given are changed; the others keep their persisted values. M(gpufleet.mps.mps_host) (and so the
+    fleet role) manages a resource's limits exactly instead - a limit not listed is removed (thread percentage back to
+    100; a pinned memory limit dropped with a restart of the daemon, as MPS has no command to unset one).
 extends_documentation_fragment:
   - gpufleet.mps._common
 attributes:

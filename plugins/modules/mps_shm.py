@@ -65,6 +65,17 @@ options:
       - The fstab file used by O(persist=fstab) (and cleaned of this mount point otherwise).
     type: path
     default: /etc/fstab
+  selinux_type:
+    description:
+      - Where SELinux is enabled, the SELinux type given to the tmpfs root once it is mounted (only the type; user, role and
+        level stay), so that container clients which mount it as their C(/dev/shm) may use it, as NVIDIA's device plugin
+        labels its MPS directories. Empty leaves labels alone. A host without SELinux is never touched.
+      - A tmpfs comes back unlabelled at boot; the daemons' systemd units (M(gpufleet.mps.mps_daemon) with
+        O(gpufleet.mps.mps_daemon#module:shm=true)) label it again before they start, with their own
+        O(gpufleet.mps.mps_daemon#module:selinux_type).
+    type: str
+    default: container_file_t
+    version_added: 0.2.0
 notes:
   - Needs root (mount, umount, C(/etc)).
   - Uses C(mount) and C(umount) from util-linux.
@@ -145,11 +156,13 @@ actions:
 '''
 
 import os
+import re
 import shutil
 
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import InvalidParameterError, UnsafePathError
 from ansible_collections.gpufleet.mps.plugins.module_utils._io import refuse_unsafe_dirs
 from ansible_collections.gpufleet.mps.plugins.module_utils._module import common_argument_spec, finish, run_module
+from ansible_collections.gpufleet.mps.plugins.module_utils._selinux import CONTAINER_TYPE
 from ansible_collections.gpufleet.mps.plugins.module_utils._shm import Mounter, ShmManager, mount_options, size_kib
 from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.unit import UNIT_DIR, Systemctl, systemd_is_pid1
 
@@ -161,6 +174,7 @@ def argument_spec():
         size=dict(type='str', default='50%'),
         persist=dict(type='str', choices=['auto', 'systemd', 'fstab', 'none'], default='auto'),
         fstab=dict(type='path', default='/etc/fstab'),
+        selinux_type=dict(type='str', default=CONTAINER_TYPE),
     )
 
 
@@ -181,7 +195,12 @@ def run(module):
         systemctl = Systemctl(systemctl_path)
     # Found lazily: a teardown of a host that never had the tmpfs needs neither.
     mounter = Mounter(shutil.which('mount'), shutil.which('umount'))
-    manager = ShmManager(params['root'], persist, params['fstab'], UNIT_DIR, module.check_mode, mounter, systemctl=systemctl)
+    selinux_type = params['selinux_type'] or ''
+    if selinux_type and not re.fullmatch(r'[a-z0-9_]+', selinux_type):
+        raise InvalidParameterError('selinux_type', 'must be an SELinux type name such as container_file_t (letters, digits, '
+                                    'underscores), or empty to leave labels alone; got %r' % selinux_type)
+    manager = ShmManager(params['root'], persist, params['fstab'], UNIT_DIR, module.check_mode, mounter, systemctl=systemctl,
+                         selinux_type=selinux_type)
     refuse_unsafe_dirs([(manager.root, 'root')])
     if os.path.islink(manager.given_path):
         # Its mode is this module's to repair (1777), so only a symbolic link is refused here.

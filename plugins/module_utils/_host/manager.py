@@ -259,7 +259,8 @@ class HostManager:
             raise InvalidParameterError('shm_persist', 'systemd was asked for but %s; use fstab (or auto)' % (
                 'systemd is not running as PID 1 here' if not self.systemd else 'systemctl is not installed'))
         manager = ShmManager(self.root, persist, '/etc/fstab', self.unit_dir, check_mode,
-                             Mounter(shutil.which('mount'), shutil.which('umount')), systemctl=self.systemctl)
+                             Mounter(shutil.which('mount'), shutil.which('umount')), systemctl=self.systemctl,
+                             selinux_type=p['selinux_type'] or '')
         if absent and not os.path.isdir(manager.given_path) and not manager._persisted()['fstab'] and not manager._persisted()['unit']:
             return
         if absent and check_mode:

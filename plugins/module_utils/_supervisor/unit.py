@@ -94,6 +94,8 @@ RequiresMountsFor={shm_dir}
 
 [Service]
 BindPaths={shm_dir}:/dev/shm
+# The tmpfs root's SELinux type (mps_daemon selinux_type), set where SELinux is enabled: at boot it is mounted unlabelled.
+ExecStartPre=/bin/sh -c 'if [ -n "$$MPS_SELINUX_TYPE" ] && command -v selinuxenabled > /dev/null && selinuxenabled; then exec chcon -t "$$MPS_SELINUX_TYPE" {shm_dir}; fi'
 """
 
 

@@ -127,3 +127,62 @@ def test_the_unit_labels_the_directory_it_creates_where_selinux_is_enabled():
     pre = [line for line in unit.splitlines() if line.startswith('ExecStartPre=')]
     assert pre[0].startswith('ExecStartPre=/bin/mkdir')
     assert 'selinuxenabled; then exec chcon -t "$$MPS_SELINUX_TYPE" "$$CUDA_MPS_PIPE_DIRECTORY"' in pre[1]
+
+
+class _Mounter:
+    def __init__(self):
+        self.calls = []
+
+    def mount(self, path, kib):
+        self.calls.append(('mount', path))
+        os.makedirs(path, exist_ok=True)
+
+    def remount(self, path, kib):
+        self.calls.append(('remount', path))
+
+    def umount(self, path):
+        self.calls.append(('umount', path))
+
+
+def _shm_manager(tmp_path, check_mode=False, selinux_type='container_file_t'):
+    from ansible_collections.gpufleet.mps.plugins.module_utils import _shm
+    return _shm.ShmManager(str(tmp_path / 'root'), 'none', str(tmp_path / 'fstab'), str(tmp_path), check_mode, _Mounter(),
+                           (4096, 1024 * 1024), selinux_type=selinux_type)
+
+
+def test_the_shared_tmpfs_is_labelled_after_its_mount_then_left_alone(fake, tmp_path, monkeypatch):
+    from ansible_collections.gpufleet.mps.plugins.module_utils import _shm
+    mounted = []
+    monkeypatch.setattr(_shm, 'current_state', lambda path, pages=None: _shm.ShmState(True, 65536, list(_shm.FLAGS), '1777')
+                        if mounted else _shm.ShmState(False))
+    shm = str(tmp_path / 'root' / 'shm')
+    os.makedirs(shm)
+    fake.contexts[shm] = 'system_u:object_r:container_file_t:s0'  # the mount point's own label says nothing of the tmpfs
+    checked = _shm_manager(tmp_path, check_mode=True).ensure('mounted', '64m')
+    assert 'set SELinux type container_file_t on %s' % shm in checked.actions and fake.set_calls == []
+    manager = _shm_manager(tmp_path)
+    manager.mounter.mount = lambda path, kib: (mounted.append(path), fake.contexts.update({path: 'system_u:object_r:tmpfs_t:s0'}))
+    out = manager.ensure('mounted', '64m')
+    assert out.actions.index('set SELinux type container_file_t on %s' % shm) > 0  # after the mount
+    assert fake.set_calls == [(shm, 'system_u:object_r:container_file_t:s0')]
+    assert not _shm_manager(tmp_path).ensure('mounted', '64m').changed
+    fake.contexts[shm] = 'system_u:object_r:tmpfs_t:s0'  # remounted unlabelled (a reboot)
+    relabelled = _shm_manager(tmp_path).ensure('mounted', '64m')
+    assert relabelled.actions == ['set SELinux type container_file_t on %s (was tmpfs_t)' % shm]
+
+
+def test_the_shared_tmpfs_is_never_labelled_without_selinux_or_without_a_type(fake, tmp_path, monkeypatch):
+    from ansible_collections.gpufleet.mps.plugins.module_utils import _shm
+    monkeypatch.setattr(_shm, 'current_state', lambda path, pages=None: _shm.ShmState(True, 65536, list(_shm.FLAGS), '1777'))
+    os.makedirs(str(tmp_path / 'root' / 'shm'))
+    assert not _shm_manager(tmp_path, selinux_type='').ensure('mounted', '64m').changed
+    fake.enabled = False
+    assert not _shm_manager(tmp_path).ensure('mounted', '64m').changed
+    assert fake.set_calls == []
+
+
+def test_the_daemons_shm_dropin_labels_the_tmpfs_at_every_start():
+    from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.unit import render_shm_dropin
+    text = render_shm_dropin('/run/nvidia/mps/shm')
+    assert ('ExecStartPre=/bin/sh -c \'if [ -n "$$MPS_SELINUX_TYPE" ] && command -v selinuxenabled > /dev/null && selinuxenabled; '
+            'then exec chcon -t "$$MPS_SELINUX_TYPE" /run/nvidia/mps/shm; fi\'') in text
