@@ -148,6 +148,16 @@ options:
     type: bool
     default: false
     version_added: 0.2.0
+  foreground:
+    description:
+      - With O(supervisor=systemd), run the control daemon in the foreground (C(nvidia-cuda-mps-control -f), C(Type=exec)
+        through a per-instance drop-in) instead of detached (C(-d), C(Type=forking)). What it logs then goes to its
+        stdout, which systemd sends to the journal (C(journalctl -u gpufleet-mps@<instance>)); systemd watches the
+        daemon process itself, without a pid file. The limits are replayed once the daemon answers, as with C(-d).
+      - Refused with O(supervisor=none) (a daemon the module starts itself must detach). Changing it restarts the daemon.
+    type: bool
+    default: false
+    version_added: 0.2.0
   container_root:
     description:
       - The directory under which containers see the resources' pipe directories (the device plugin's C(ContainerRoot)),
@@ -345,6 +355,7 @@ def argument_spec():
         stop_timeout=dict(type='int', default=30),
         log_mode=dict(type='raw', default=format(DEFAULT_LOG_MODE, '04o')),
         shm=dict(type='bool', default=False),
+        foreground=dict(type='bool', default=False),
         container_root=dict(type='path', default=DEFAULT_CONTAINER_ROOT),
         selinux_type=dict(type='str', default=CONTAINER_TYPE),
     )
@@ -357,7 +368,7 @@ def run(module):
     with Nvml() as nvml:
         outcome = setup.manager(nvml, module.check_mode).ensure(
             params['state'], params['devices'], params['multiuser'], params['compute_mode'], params['enabled'], params['shm'],
-            remove_logs=params['remove_logs'])
+            remove_logs=params['remove_logs'], foreground=params['foreground'])
         if nvml.enumeration_var_was_set:
             outcome.warnings.append(ENUMERATION_WARNING)
     running = params['state'] not in ('stopped', 'absent')

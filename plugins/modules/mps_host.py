@@ -133,6 +133,12 @@ options:
         C(/dev/shm), for container clients.
     type: bool
     default: false
+  foreground:
+    description:
+      - With systemd supervising, every daemon in the foreground, its log in the journal (see M(gpufleet.mps.mps_daemon)'s
+        O(gpufleet.mps.mps_daemon#module:foreground)). Refused when the daemons run without systemd.
+    type: bool
+    default: false
   shm_size:
     description: The tmpfs size - a percentage of RAM (V(50%)) or a size (V(16G)).
     type: str
@@ -338,6 +344,7 @@ def argument_spec():
         supervisor=dict(type='str', choices=['auto', 'systemd', 'none'], default='auto'),
         log_mode=dict(type='raw', default=format(DEFAULT_LOG_MODE, '04o')),
         shm=dict(type='bool', default=False),
+        foreground=dict(type='bool', default=False),
         shm_size=dict(type='str', default='50%'),
         shm_persist=dict(type='str', choices=['auto', 'systemd', 'fstab', 'none'], default='auto'),
         container_root=dict(type='path', default=DEFAULT_CONTAINER_ROOT),

@@ -36,6 +36,7 @@ from .._selinux import enabled as selinux_enabled, plan_type
 from .._shm import check_unit_path, mounted_at, shm_persisted
 from .._supervisor.process import LOCK_FILE, LOG_FILES, PID_FILE, PIPE_DIR_FILES, Daemon, DaemonState, inspect
 from .._supervisor.unit import (
+    FOREGROUND_DROPIN,
     PIDFILE_DROPIN,
     RESTART_ENV,
     SHM_DROPIN,
@@ -43,6 +44,7 @@ from .._supervisor.unit import (
     instance_unit,
     parse_env,
     render_env,
+    render_foreground_dropin,
     render_pidfile_dropin,
     render_shm_dropin,
     render_unit,
@@ -68,6 +70,7 @@ class Wanted:
     compute_mode: str
     enabled: bool
     shm: bool = False
+    foreground: bool = False
 
     def record(self) -> t.Dict[str, t.Any]:
         return {
@@ -187,11 +190,19 @@ class ResourceManager:
         return os.path.join(self.unit_dir, '%s.d' % self.unit, SHM_DROPIN)
 
     @property
+    def foreground_dropin_path(self) -> str:
+        return os.path.join(self.unit_dir, '%s.d' % self.unit, FOREGROUND_DROPIN)
+
+    @property
     def pidfile_dropin_path(self) -> str:
         return os.path.join(self.unit_dir, '%s.d' % self.unit, PIDFILE_DROPIN)
 
-    def wanted(self, selectors: t.Any, multiuser: bool, compute_mode: str, enabled: bool, shm: bool = False) -> Wanted:
+    def wanted(self, selectors: t.Any, multiuser: bool, compute_mode: str, enabled: bool, shm: bool = False,
+               foreground: bool = False) -> Wanted:
         """Resolve and check the requested devices; raises before any side effect."""
+        if foreground and self.supervisor != 'systemd':
+            raise InvalidParameterError('foreground', 'needs supervisor=systemd (systemd keeps the foreground daemon and sends '
+                                        'its output to the journal); a daemon this module starts itself must detach (-d)')
         devices = resolve_devices(selectors, self.nvml.gpus())
         mig = [gpu for gpu in devices if gpu.mig_enabled]
         if mig:
@@ -220,7 +231,7 @@ class ResourceManager:
                 '%s is mounted but neither a mount unit nor an fstab line brings it back at boot: the unit %s needs it '
                 '(RequiresMountsFor=, BindPaths=) and will fail to start after a reboot; mount it with '
                 'gpufleet.mps.mps_shm persist=systemd' % (self.paths.shm_dir, self.unit))
-        return Wanted(devices, multiuser, self.supervisor, compute_mode, enabled, shm)
+        return Wanted(devices, multiuser, self.supervisor, compute_mode, enabled, shm, foreground)
 
     def describe(self, state: DaemonState, record: t.Optional[StartRecord]) -> t.Dict[str, t.Any]:
         """The before/after view used for diff."""
@@ -233,7 +244,7 @@ class ResourceManager:
     def _env_values(self, wanted: Wanted) -> t.Dict[str, str]:
         return unit_environment(self.paths, self.config, [gpu.uuid for gpu in wanted.devices], wanted.multiuser,
                                 wanted.compute_mode, self.daemon.binary, self.nvidia_smi, self.daemon.stop_timeout,
-                                self.daemon.log_mode, self.selinux_type)
+                                self.daemon.log_mode, self.selinux_type, wanted.foreground)
 
     def _systemd_files(self, wanted: Wanted) -> t.Dict[str, t.Optional[str]]:
         """Path -> wanted content; None for a file that must not exist."""
@@ -241,7 +252,9 @@ class ResourceManager:
             os.path.join(self.unit_dir, UNIT_NAME): render_unit(self.config.config_dir, int(self.daemon.start_timeout), self.daemon.stop_timeout),
             self.config.env_file: render_env(self.paths.name, self._env_values(wanted)),
             self.dropin_path: render_shm_dropin(self.paths.shm_dir) if wanted.shm else None,
-            self.pidfile_dropin_path: render_pidfile_dropin(os.path.join(self.paths.pipe_dir, PID_FILE)),
+            self.foreground_dropin_path: render_foreground_dropin(int(self.daemon.start_timeout)) if wanted.foreground else None,
+            self.pidfile_dropin_path: (None if wanted.foreground else
+                                       render_pidfile_dropin(os.path.join(self.paths.pipe_dir, PID_FILE))),
         }
 
     def _systemd_drift(self, wanted: Wanted) -> t.List[str]:
@@ -335,7 +348,7 @@ class ResourceManager:
             else:
                 out.act('write %s' % path, lambda path=path, content=content: (
                     ensure_dir(os.path.dirname(path), 0o755), atomic_write(path, content, 0o644)))
-            reload_needed = reload_needed or path in (unit_path, self.dropin_path, self.pidfile_dropin_path)
+            reload_needed = reload_needed or path in (unit_path, self.dropin_path, self.pidfile_dropin_path, self.foreground_dropin_path)
         if reload_needed:
             out.act('systemctl daemon-reload', self.systemctl.daemon_reload if self.systemctl else None)
         self._apply_enabled(wanted.enabled, out)
@@ -443,7 +456,7 @@ class ResourceManager:
 
     # --- entry points ----------------------------------------------------------------------------
     def ensure(self, state: str, selectors: t.Any, multiuser: bool, compute_mode: str, enabled: bool, shm: bool = False,
-               remove_logs: bool = False) -> Outcome:
+               remove_logs: bool = False, foreground: bool = False) -> Outcome:
         """Bring the resource to ``state`` (started, stopped, restarted or absent)."""
         if compute_mode not in COMPUTE_MODE_CHOICES:
             raise InvalidParameterError('compute_mode', 'must be one of %s' % ', '.join(COMPUTE_MODE_CHOICES))
@@ -451,7 +464,7 @@ class ResourceManager:
         self.remove_logs = remove_logs
         if state == 'absent':
             enabled = False
-        wanted = self.wanted(selectors, multiuser, compute_mode, enabled, shm) if state not in ('stopped', 'absent') else None
+        wanted = self.wanted(selectors, multiuser, compute_mode, enabled, shm, foreground) if state not in ('stopped', 'absent') else None
         if wanted is not None and self.supervisor == 'systemd':
             self._systemd_files(wanted)  # a value no unit file can carry is refused now, before any side effect
         self.reset_on_stop = compute_mode != 'unchanged'
@@ -508,7 +521,7 @@ class ResourceManager:
         unit_d = os.path.dirname(self.dropin_path)
         return [
             self.config.env_file, self.config.limits_file, self.config.limits_json, self.config.limits_env,
-            self.dropin_path, self.pidfile_dropin_path, os.path.join(unit_d),
+            self.dropin_path, self.foreground_dropin_path, self.pidfile_dropin_path, os.path.join(unit_d),
             self.paths.started_file,
         ] + [os.path.join(self.paths.pipe_dir, name) for name in PIPE_DIR_FILES + (LOCK_FILE,)] + [
             self.paths.pipe_dir,

@@ -162,7 +162,7 @@ class HostManager:
             return manager.ensure('absent', 'all', False, p['compute_mode'], False, False,
                                   remove_logs=p['remove_logs'] and p['state'] == 'absent')
         return manager.ensure(state, [gpu.uuid for gpu in res.plan.devices], res.plan.multiuser, p['compute_mode'], True,
-                              p['shm'])
+                              p['shm'], foreground=p['foreground'])
 
     def ensure(self, gpus: t.Sequence[Gpu]) -> HostOutcome:
         listed, removed = self.validate(gpus)

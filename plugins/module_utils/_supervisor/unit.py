@@ -95,7 +95,28 @@ RequiresMountsFor={shm_dir}
 [Service]
 BindPaths={shm_dir}:/dev/shm
 # The tmpfs root's SELinux type (mps_daemon selinux_type), set where SELinux is enabled: at boot it is mounted unlabelled.
-ExecStartPre=/bin/sh -c 'if [ -n "$$MPS_SELINUX_TYPE" ] && command -v selinuxenabled > /dev/null && selinuxenabled; then exec chcon -t "$$MPS_SELINUX_TYPE" {shm_dir}; fi'
+ExecStartPre=/bin/sh -c '""" + _LABEL.replace('"$$CUDA_MPS_PIPE_DIRECTORY"', '{shm_dir}') + """'
+"""
+
+
+FOREGROUND_DROPIN = 'gpufleet-foreground.conf'
+# Type=exec starts ExecStartPost= as soon as the daemon process runs, before its control socket answers: wait for
+# the answer (what -d does before it returns), then replay. Braces doubled for format().
+_WAIT = (
+    'n=0; until echo get_default_active_thread_percentage | "$$MPS_CONTROL" > /dev/null 2>&1; do n=$$((n+1)); '
+    'if [ "$$n" -ge {tries} ]; then echo "gpufleet-mps: the control daemon did not answer within {seconds} s" >&2; exit 1; fi; '
+    'sleep 0.2; done; '
+)
+FOREGROUND_DROPIN_TEMPLATE = """\
+# Managed by the gpufleet.mps Ansible collection (mps_daemon foreground=true). Local changes are overwritten.
+# The control daemon stays in the foreground (-f): what it logs goes to stdout, which systemd sends to the journal
+# (journalctl -u gpufleet-mps@<instance>). systemd watches the process itself (Type=exec), without a pid file.
+[Service]
+Type=exec
+ExecStart=
+ExecStart=/bin/sh -c 'exec "$$MPS_CONTROL" -f $$MPS_DAEMON_ARGS'
+ExecStartPost=
+ExecStartPost=/bin/sh -c '""" + _WAIT + _REPLAY + """'
 """
 
 
@@ -123,6 +144,12 @@ def _unit_path(path: str, in_list: bool = False) -> str:
 def render_shm_dropin(shm_dir: str) -> str:
     """The per-instance drop-in that gives the daemon ``shm_dir`` as /dev/shm."""
     return SHM_DROPIN_TEMPLATE.format(shm_dir=_unit_path(shm_dir, in_list=True))
+
+
+def render_foreground_dropin(start_timeout: int) -> str:
+    """The per-instance drop-in that keeps the daemon in the foreground, its log in the journal."""
+    seconds = max(1, int(start_timeout))
+    return FOREGROUND_DROPIN_TEMPLATE.format(tries=seconds * 5, seconds=seconds)
 
 
 def render_pidfile_dropin(pid_file: str) -> str:
@@ -154,7 +181,7 @@ SMI_MODE = {'exclusive_process': 'EXCLUSIVE_PROCESS', 'default': 'DEFAULT'}
 
 def unit_environment(paths: ResourcePaths, config: ConfigPaths, uuids: t.Sequence[str], multiuser: bool, compute_mode: str,
                      control_binary: str, nvidia_smi: t.Optional[str], stop_timeout: int, log_mode: int,
-                     selinux_type: str = '') -> t.Dict[str, str]:
+                     selinux_type: str = '', foreground: bool = False) -> t.Dict[str, str]:
     """The instance's environment file: the contract between this collection and the unit template above."""
     values = dict(paths.client_env())
     values.update({
@@ -168,11 +195,15 @@ def unit_environment(paths: ResourcePaths, config: ConfigPaths, uuids: t.Sequenc
         'MPS_LOG_MODE': format(log_mode, '04o'),
         'MPS_SELINUX_TYPE': selinux_type,
     })
+    if foreground:
+        # Only when set: the environment files of daemons started before the option existed stay as they are.
+        values['MPS_FOREGROUND'] = '1'
     return values
 
 
 # The environment values the running daemon was started with: a change means a restart.
-RESTART_ENV = ('CUDA_MPS_PIPE_DIRECTORY', 'CUDA_MPS_LOG_DIRECTORY', 'CUDA_VISIBLE_DEVICES', 'MPS_CONTROL', 'MPS_DAEMON_ARGS')
+RESTART_ENV = ('CUDA_MPS_PIPE_DIRECTORY', 'CUDA_MPS_LOG_DIRECTORY', 'CUDA_VISIBLE_DEVICES', 'MPS_CONTROL', 'MPS_DAEMON_ARGS',
+               'MPS_FOREGROUND')
 
 
 def parse_env(text: str) -> t.Dict[str, str]:

@@ -82,7 +82,7 @@ def test_values_the_daemon_was_started_with_force_a_restart(manager, key):
 
 
 def test_the_restart_keys_are_exactly_what_the_unit_starts_the_daemon_with(manager):
-    env = parse_env(render_env('train', manager._env_values(_wanted(multiuser=True))))
+    env = parse_env(render_env('train', manager._env_values(_wanted(multiuser=True, foreground=True))))
     assert set(RESTART_ENV) <= set(env)
     assert env['MPS_DAEMON_ARGS'] == '-multiuser-server' and env['CUDA_VISIBLE_DEVICES'] == 'GPU-a,GPU-b'
 
@@ -207,3 +207,26 @@ def test_a_daemon_without_clients_stops_whatever_busy_says(manager, monkeypatch)
     out = _manager.DaemonOutcome()
     manager._plan_busy(RUNNING, out, 'the stop')
     assert out.actions == [] and out.warnings == [] and not out.changed
+
+
+def test_a_foreground_daemon_gets_its_dropin_and_no_pid_file_and_switching_restarts_it(manager):
+    background, foreground = _wanted(), _wanted(foreground=True)
+    files = manager._systemd_files(foreground)
+    assert 'Type=exec' in files[manager.foreground_dropin_path] and files[manager.pidfile_dropin_path] is None
+    files = manager._systemd_files(background)
+    assert files[manager.foreground_dropin_path] is None and 'PIDFile=' in files[manager.pidfile_dropin_path]
+    assert manager.foreground_dropin_path in manager.created_files()
+    _write_env(manager, background)
+    assert manager._differences(background, RUNNING, _record(background)) == []
+    assert manager._differences(foreground, RUNNING, _record(foreground)) == [
+        'environment file %s differs in MPS_FOREGROUND' % manager.config.env_file]
+
+
+def test_foreground_without_systemd_is_refused_before_anything(tmp_path):
+    paths = resource_paths(str(tmp_path / 'root'), 'train')
+    daemon = types.SimpleNamespace(binary='/bin/true', log_mode=0o700, start_timeout=30, stop_timeout=30)
+    manager = ResourceManager(paths, config_paths(str(tmp_path / 'etc'), 'train'), daemon, nvml=None, supervisor='none',
+                              check_mode=True)
+    with pytest.raises(InvalidParameterError, match='^foreground: needs supervisor=systemd'):
+        manager.wanted('all', False, 'exclusive_process', True, foreground=True)
+    assert not os.path.exists(str(tmp_path / 'root'))

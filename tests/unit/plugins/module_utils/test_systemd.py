@@ -44,7 +44,7 @@ def test_the_pidfile_dropin_names_the_daemons_pid_file_and_refuses_what_a_unit_f
         _systemd.render_shm_dropin('/a b/shm')  # BindPaths= is a space-separated list
 
 
-@pytest.mark.parametrize('with_pidfile', [False, True, 'a b%'])
+@pytest.mark.parametrize('with_pidfile', [False, True, 'a b%', 'foreground'])
 @pytest.mark.skipif(shutil.which('systemd-analyze') is None, reason='systemd-analyze not installed')
 def test_rendered_unit_passes_systemd_analyze_verify_without_any_message(tmp_path, with_pidfile):
     config_dir = tmp_path / 'etc'
@@ -58,7 +58,11 @@ def test_rendered_unit_passes_systemd_analyze_verify_without_any_message(tmp_pat
     unit_dir.mkdir()
     (unit_dir / _systemd.UNIT_NAME).write_text(_systemd.render_unit(str(config_dir), 30, 30))
     os.symlink(_systemd.UNIT_NAME, unit_dir / 'gpufleet-mps@train.service')
-    if with_pidfile:
+    if with_pidfile == 'foreground':
+        dropin_dir = unit_dir / 'gpufleet-mps@train.service.d'
+        dropin_dir.mkdir()
+        (dropin_dir / _systemd.FOREGROUND_DROPIN).write_text(_systemd.render_foreground_dropin(30))
+    elif with_pidfile:
         dropin_dir = unit_dir / 'gpufleet-mps@train.service.d'
         dropin_dir.mkdir()
         pipe = tmp_path / (with_pidfile if isinstance(with_pidfile, str) else 'pipe')
@@ -150,3 +154,34 @@ def test_a_unit_that_fails_to_start_says_what_its_journal_ends_with(tmp_path):
     assert 'control process exited with error code' in excinfo.value.msg
     assert 'the journal of gpufleet-mps@train.service ends with: ' in excinfo.value.msg
     assert 'rejected a limit of /etc/gpufleet-mps/train.limits: Invalid value: 250' in excinfo.value.msg
+
+
+def test_the_foreground_dropin_runs_the_daemon_with_f_under_type_exec_and_replays_once_it_answers(tmp_path):
+    text = _systemd.render_foreground_dropin(2)
+    assert 'Type=exec' in text and '\nExecStart=\n' in text and '\nExecStartPost=\n' in text
+    assert 'ExecStart=/bin/sh -c \'exec "$$MPS_CONTROL" -f $$MPS_DAEMON_ARGS\'' in text
+    limits = tmp_path / 'train.limits'
+    limits.write_text('set_default_active_thread_percentage 25\n')
+    answers = tmp_path / 'answers'
+    control = tmp_path / 'control'
+    # A daemon that answers from the third question on, as a foreground daemon does once its socket is up.
+    control.write_text('#!/bin/sh\ncat > /dev/null\necho x >> %s\n[ "$(wc -l < %s)" -ge 3 ] || exit 1\necho 25.0\n' % (answers, answers))
+    control.chmod(0o755)
+    script = _exec_start_post_shell(text)
+    env = {'PATH': os.environ['PATH'], 'MPS_LIMITS_FILE': str(limits), 'MPS_CONTROL': str(control)}
+    proc = subprocess.run(['/bin/sh', '-c', script], capture_output=True, text=True, check=False, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert len(answers.read_text().splitlines()) == 4  # two refusals, the answer, the replay
+    control.write_text('#!/bin/sh\nexit 1\n')
+    proc = subprocess.run(['/bin/sh', '-c', script], capture_output=True, text=True, check=False, env=env)
+    assert proc.returncode == 1 and 'did not answer within 2 s' in proc.stderr
+
+
+def test_the_foreground_flag_is_in_the_environment_only_when_set():
+    from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import config_paths, resource_paths
+    paths, config = resource_paths('/run/nvidia/mps', 'train'), config_paths('/etc/gpufleet-mps', 'train')
+    plain = _systemd.unit_environment(paths, config, ['GPU-a'], False, 'default', '/bin/c', None, 5, 0o700)
+    assert 'MPS_FOREGROUND' not in plain  # environment files written before the option stay as they are: no restart
+    assert _systemd.unit_environment(paths, config, ['GPU-a'], False, 'default', '/bin/c', None, 5, 0o700,
+                                     foreground=True)['MPS_FOREGROUND'] == '1'
+    assert 'MPS_FOREGROUND' in _systemd.RESTART_ENV
