@@ -196,7 +196,9 @@ class HostManager:
         out = HostOutcome()
         absent = self.params['state'] == 'absent'
         if absent:
+            # The health timer first: it would write the mark back while the daemons are still answering.
             first = HostOutcome()
+            self._health(first, False)
             self._withdraw_ready(first, 'state=absent')
             out.take('host', first)
         else:
@@ -225,6 +227,7 @@ class HostManager:
         absent = self.params['state'] == 'absent'
         if absent:
             first = HostOutcome()
+            self._health(first, False)
             self._withdraw_ready(first, 'state=absent')
             first.apply()
             out.take('host', first)
@@ -304,7 +307,8 @@ class HostManager:
                     after.act('write %s' % ready, None if self.check_mode else mark, 'every listed daemon answers')
             elif p['ready']:
                 self._remove(after, ready, 'not healthy: %s' % ', '.join(sorted(out.unhealthy)))
-        self._health(after, present and bool(listed))
+        if present:
+            self._health(after, bool(listed))
         drop_in = os.path.join(p['logrotate_dir'], LOGROTATE_FILE)
         if present and p['logrotate'] and os.path.isdir(p['logrotate_dir']):
             self._write(after, drop_in, render_logrotate(self.root, p['logrotate_size'], p['logrotate_rotate']), 0o644,
