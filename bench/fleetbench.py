@@ -15,6 +15,8 @@ several repetitions each, it times:
   f  b over SSH: every host reached through an sshd of the benchmark's own on 127.0.0.1 (own config, host
      key, user key and port), with ControlPersist, as fleets are reached
   g  e over SSH
+  h  the no-op as one gpufleet.mps.mps_host task with the role's arguments, no role: b - h is what the role itself
+     costs (its argument-spec validation), h - e what the module costs over a ping
 
 The headline ratios are b/e (the role's no-op against ONE ping per host, local connection) and f/g (the same
 over SSH), wall and CPU time, measured in the same run.
@@ -60,7 +62,7 @@ GPU_CONFIG = os.path.join(FAKES, 'nvml', 'configs', 'a100x8.ini')
 GPU_MEM_MIB = 40960
 # (name, GPU indices, replicas): the same resources for the role and for the shell baseline.
 RESOURCES = (('train', (0, 1, 2, 3), 4), ('infer', (4, 5, 6, 7), 8))
-VARIANTS = ('a', 'b', 'c', 'd', 'e', 'f', 'g')
+VARIANTS = ('a', 'b', 'c', 'd', 'e', 'f', 'g', 'h')
 TITLES = {
     'a': 'role, first converge',
     'b': 'role, no-op re-run',
@@ -69,9 +71,12 @@ TITLES = {
     'e': 'one ping per host',
     'f': 'role, no-op re-run, over SSH',
     'g': 'one ping per host, over SSH',
+    'h': 'mps_host task alone, no-op (no role)',
 }
-COLORS = {'a': 'tab:red', 'b': 'tab:blue', 'c': 'tab:green', 'd': 'tab:gray', 'e': 'black', 'f': 'tab:purple', 'g': 'tab:olive'}
-PLAYBOOKS = {'a': 'role.yml', 'b': 'role.yml', 'c': 'shell.yml', 'd': 'ping_d.yml', 'e': 'ping_e.yml', 'f': 'role.yml', 'g': 'ping_e.yml'}
+COLORS = {'a': 'tab:red', 'b': 'tab:blue', 'c': 'tab:green', 'd': 'tab:gray', 'e': 'black', 'f': 'tab:purple', 'g': 'tab:olive',
+          'h': 'tab:cyan'}
+PLAYBOOKS = {'a': 'role.yml', 'b': 'role.yml', 'c': 'shell.yml', 'd': 'ping_d.yml', 'e': 'ping_e.yml', 'f': 'role.yml', 'g': 'ping_e.yml',
+             'h': 'module.yml'}
 SSH_VARIANTS = ('f', 'g')
 RECAP = re.compile(r'^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)\s+skipped=(\d+)\s+'
                    r'rescued=(\d+)\s+ignored=(\d+)')
@@ -79,7 +84,7 @@ MEASURED_BEGIN = '<!-- measured:begin (written by bench/fleetbench.py --publish;
 MEASURED_END = '<!-- measured:end -->'
 PLOT_NAME = 'fleet-time-per-host.png'
 CPU_PLOT_NAME = 'fleet-cpu-per-host.png'
-RATIOS = (('b', 'e'), ('f', 'g'), ('a', 'e'), ('b', 'd'), ('a', 'c'), ('b', 'c'))
+RATIOS = (('b', 'e'), ('f', 'g'), ('a', 'e'), ('h', 'e'), ('b', 'h'), ('b', 'd'), ('a', 'c'), ('b', 'c'))
 
 
 class BenchError(Exception):
@@ -357,6 +362,29 @@ def role_playbook() -> str:
 ''' % (PLAY_ENV, resources)
 
 
+def module_playbook() -> str:
+    """The role's one module task alone, with the arguments the role passes for role_playbook()'s variables."""
+    resources = '\n'.join('          - {name: %s, devices: [%s], replicas: %d}' % (name, ', '.join(map(str, gpus)), replicas)
+                          for name, gpus, replicas in RESOURCES)
+    return '''---
+- name: The role's module task alone, without the role
+  hosts: all
+  gather_facts: false
+%s  tasks:
+    - name: Bring the host's MPS to the resources
+      gpufleet.mps.mps_host:
+        root: "{{ sim_dir }}/root"
+        config_dir: "{{ sim_dir }}/etc"
+        control_binary: "{{ sim_dir }}/host/bin/nvidia-cuda-mps-control"
+        supervisor: none
+        stop_timeout: 5
+        logrotate_dir: "{{ sim_dir }}/logrotate.d"
+        local_facts_dir: "{{ sim_dir }}/facts.d"
+        resources:
+%s
+''' % (PLAY_ENV, resources)
+
+
 def shell_playbook() -> str:
     """The way hand-made MPS setups look: one command/shell task per action, no state checks."""
     mps = '{{ sim_dir }}/host/bin/nvidia-cuda-mps-control'
@@ -435,6 +463,7 @@ class Fleet:
             self._write('ansible_ssh.cfg', ansible_cfg(args, ssh))
         self._write('role.yml', role_playbook())
         self._write('shell.yml', shell_playbook())
+        self._write('module.yml', module_playbook())
         self._write('ping_e.yml', ping_playbook(1))
         self._write('ansible.cfg', ansible_cfg(args))
         self.pings = 0
@@ -500,11 +529,11 @@ class Fleet:
         bad = [host for host, (_ok, _changed, unreachable, failed, *_rest) in run.recap.items() if unreachable or failed]
         if bad:
             raise BenchError('%s: failed or unreachable on %s' % (where, ', '.join(sorted(bad))))
-        if run.variant in ('b', 'f'):
+        if run.variant in ('b', 'f', 'h'):
             changed = [host for host, values in run.recap.items() if values[1]]
             if changed:
                 raise BenchError('%s: the re-run changed something on %s (the role is not idempotent)' % (where, ', '.join(sorted(changed))))
-        if run.variant in ('a', 'b', 'c', 'f'):
+        if run.variant in ('a', 'b', 'c', 'f', 'h'):
             down = [host.name for host in self.hosts if host.live_daemons() != len(RESOURCES)]
             if down:
                 raise BenchError('%s: not %d daemons running on %s' % (where, len(RESOURCES), ', '.join(down)))
@@ -519,7 +548,7 @@ class Fleet:
                 raise BenchError('%s: a process on %s called NVML without initialising it' % (where, host.name))
             if run.variant == 'd' and counters['modules'] != self.pings:
                 raise BenchError('%s: %s executed %d modules, not %d' % (where, host.name, counters['modules'], self.pings))
-            if run.variant in ('b', 'f') and self.pings and counters['modules'] != self.pings:
+            if run.variant in ('b', 'f', 'h') and self.pings and counters['modules'] != self.pings:
                 raise BenchError('%s: %s executed %d modules, the warm-up no-op %d' % (where, host.name, counters['modules'], self.pings))
 
 
@@ -568,7 +597,7 @@ def bench_fleet(args: argparse.Namespace, hosts: t.Sequence[SimHost], ssh: t.Opt
         fleet.set_pings(counts.pop())
     runs: t.Dict[str, t.List[Run]] = {variant: [] for variant in VARIANTS if variant in args.variants}
     # f (the no-op over SSH) needs the role's converged hosts: it runs in a's block, after b.
-    blocks = [block for block in ([v for v in ('a', 'b', 'f') if v in runs], ['c'], ['d'], ['e'], ['g'])
+    blocks = [block for block in ([v for v in ('a', 'b', 'h', 'f') if v in runs], ['c'], ['d'], ['e'], ['g'])
               if all(v in runs for v in block) and block]
     for rep in range(args.reps):
         shift = rep % len(blocks)
@@ -918,8 +947,8 @@ def parse_args(argv: t.Sequence[str]) -> argparse.Namespace:
     parser.add_argument('--hosts', default='16', help='fleet size(s), comma separated (default 16), e.g. 1,4,16,64')
     parser.add_argument('--reps', type=int, default=3, help='repetitions of each variant (default 3; medians are reported)')
     parser.add_argument('--out', required=True, help='output directory (playbooks, logs, results.json, RESULTS.md, plot)')
-    parser.add_argument('--variants', default=''.join(VARIANTS), help='which of a,b,c,d,e,f,g to time (default all; f brings b '
-                        'and b brings a along; f and g start an sshd of their own)')
+    parser.add_argument('--variants', default=''.join(VARIANTS), help='which of a,b,c,d,e,f,g,h to time (default all; f and h bring '
+                        'b and b brings a along; f and g start an sshd of their own)')
     parser.add_argument('--pings', type=int, default=0, help='ping tasks per host for d; default: count the modules of a warm-up no-op '
                         '(a, b); given, the warm-up is skipped and every b run must execute exactly this many modules')
     parser.add_argument('--module-reps', type=int, default=5, help='repetitions of the module-level benchmark (0 skips it)')
@@ -946,7 +975,7 @@ def parse_args(argv: t.Sequence[str]) -> argparse.Namespace:
     if any(size < 1 or size > 999 for size in args.sizes) or args.reps < 1 or args.module_reps < 0 or args.pings < 0:
         parser.error('--hosts must be 1..999, --reps at least 1, --module-reps and --pings at least 0')
     args.variants = {variant for variant in args.variants.replace(',', '') if variant in VARIANTS}
-    if 'f' in args.variants:
+    if args.variants & {'f', 'h'}:
         args.variants.add('b')
     if 'b' in args.variants:
         args.variants.add('a')

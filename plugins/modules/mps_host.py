@@ -28,8 +28,8 @@ description:
     O(local_facts_dir).
   - One NVML session, and on a run that changes nothing one control UI process per running daemon. M(gpufleet.mps.mps_daemon)
     and M(gpufleet.mps.mps_limits) are the per-resource building blocks on the same code.
-  - A host without a usable NVIDIA GPU (no driver, or NVML reports none) is left alone with RV(managed=false), unless
-    O(require_gpu). An interpreter without nvidia-ml-py always fails.
+  - A host without a usable NVIDIA GPU (no driver, or NVML reports none) is left alone with RV(managed=false) and a
+    warning that says why, unless O(require_gpu). An interpreter without nvidia-ml-py always fails.
 attributes:
   check_mode:
     description: Plans every resource, reports the actions and the diff, changes nothing.
@@ -396,6 +396,7 @@ def run(module):
             if params['require_gpu']:
                 raise MpsError('%s and require_gpu is true' % why, nvml=info)
             result['msg'] = why + ': MPS is not managed here (require_gpu=true fails such a host instead)'
+            module.warn(result['msg'])  # said where a person looks, without a task of the role's own for it
             return result
         outcome = HostManager(params, nvml, control_binary, module.check_mode).ensure(gpus)
     finally:
