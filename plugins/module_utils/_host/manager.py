@@ -77,8 +77,6 @@ class _Resource:
     limits: t.Optional[t.Any] = None
     daemon: t.Optional[t.Any] = None
     restart: bool = False
-    before: t.Dict[str, t.Any] = field(default_factory=dict)
-    after: t.Dict[str, t.Any] = field(default_factory=dict)
 
 
 class HostManager:
@@ -193,6 +191,14 @@ class HostManager:
 
     def _plan(self, listed: t.List[_Resource], removed: t.List[_Resource], ignore: t.FrozenSet[str]) -> HostOutcome:
         """Every action of the run, in check mode: nothing is changed here."""
+        return self._run(listed, removed, ignore, check_mode=True)
+
+    def _apply(self, listed: t.List[_Resource], removed: t.List[_Resource], ignore: t.FrozenSet[str]) -> HostOutcome:
+        """The planned change; each step reads the state again under its locks."""
+        return self._run(listed, removed, ignore, check_mode=False)
+
+    def _run(self, listed: t.List[_Resource], removed: t.List[_Resource], ignore: t.FrozenSet[str], check_mode: bool) -> HostOutcome:
+        """The run's steps in the order that always works: planned (check_mode) or applied, step by step."""
         out = HostOutcome()
         absent = self.params['state'] == 'absent'
         if absent:
@@ -200,54 +206,32 @@ class HostManager:
             first = HostOutcome()
             self._health(first, False)
             self._withdraw_ready(first, 'state=absent')
+            if not check_mode:
+                first.apply()
             out.take('host', first)
         else:
-            self._shm(out, check_mode=True)
+            self._shm(out, check_mode)
         for res in removed:
-            daemon = self._daemon(res, 'absent', True, ignore)
-            out.take(res.name, daemon)
-            out.removed.append(res.name)
-            res.before, res.after = daemon.before, daemon.after
-        if absent:
-            self._shm(out, check_mode=True)
-        for res in listed:
-            res.limits = self._limits(res, True)
-            res.restart = bool(res.limits.restart_needed)
-            res.daemon = self._daemon(res, 'restarted' if res.restart else 'started', True, ignore)
-            res.restart = res.daemon.restarting
-            out.take(res.name, res.limits)
-            out.take(res.name, res.daemon)
-            out.steps = []
-        out.steps = []
-        return out
-
-    def _apply(self, listed: t.List[_Resource], removed: t.List[_Resource], ignore: t.FrozenSet[str]) -> HostOutcome:
-        """The planned change, in an order that always works; each step reads the state again under its locks."""
-        out = HostOutcome()
-        absent = self.params['state'] == 'absent'
-        if absent:
-            first = HostOutcome()
-            self._health(first, False)
-            self._withdraw_ready(first, 'state=absent')
-            first.apply()
-            out.take('host', first)
-        else:
-            self._shm(out, check_mode=False)
-        for res in removed:
-            out.take(res.name, self._daemon(res, 'absent', False, ignore))
+            out.take(res.name, self._daemon(res, 'absent', check_mode, ignore))
             out.removed.append(res.name)
         if absent:
-            self._shm(out, check_mode=False)
+            self._shm(out, check_mode)
+        if not check_mode:
+            # The plan's restarts become a stop of every one of them before any start: GPU moves and swaps.
+            for res in listed:
+                if res.restart:
+                    out.take(res.name, self._daemon(res, 'stopped', False, ignore))
+                    res.setup.daemon.answered = False
         for res in listed:
-            if res.restart:
-                out.take(res.name, self._daemon(res, 'stopped', False, ignore))
-                res.setup.daemon.answered = False
-        for res in listed:
-            res.limits = self._limits(res, False)
-            res.daemon = self._daemon(res, 'started', False, ignore)
+            res.limits = self._limits(res, check_mode)
+            if check_mode:
+                res.restart = bool(res.limits.restart_needed)
+            res.daemon = self._daemon(res, 'restarted' if check_mode and res.restart else 'started', check_mode, ignore)
+            if check_mode:
+                res.restart = res.daemon.restarting
             out.take(res.name, res.limits)
             out.take(res.name, res.daemon)
-        out.steps = []
+        out.steps = []  # applied by each manager already, or never (the plan)
         return out
 
     def _shm(self, out: HostOutcome, check_mode: bool) -> None:
