@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from .._errors import DeviceSelectionError, InvalidParameterError
 from .._gpus import VOLTA_CC, Gpu, resolve_devices
-from .._limits.model import check_fits, check_replicas, parse_mem_limit, parse_percentage
+from .._limits.model import check_fits, check_replicas, parse_mem_limit, parse_percentage, parse_size
 from .._resource.layout import validate_name
 
 RESOURCE_KEYS = ('name', 'devices', 'multiuser', 'replicas', 'active_thread_percentage', 'pinned_device_mem_limit')
@@ -102,6 +102,49 @@ def plan_resources(resources: t.Any, gpus: t.Sequence[Gpu], param: str = 'resour
         _check_limits(plan, where, gpus)
         plans.append(plan)
     return plans
+
+
+# The most MPS clients any GPU takes (48 from Volta on, 60 with drivers 590 and later): a replica count above it is
+# wrong on every host, GPU facts or not.
+MAX_CLIENTS = 60
+
+
+def check_resources(resources: t.Any, param: str = 'resources') -> None:
+    """What can be refused in a resource list without the host's GPUs - on the controller, before any host is touched.
+
+    Keys, names, percentages, the form of sizes and replica counts. The rest (devices, sizes against memory,
+    replicas against each GPU) is :func:`plan_resources`' on the host, with the same messages.
+    """
+    if not isinstance(resources, list):
+        raise InvalidParameterError(param, 'must be a list of resources (mappings with a name)')
+    names: t.List[str] = []
+    for number, resource in enumerate(resources):
+        if not isinstance(resource, dict) or 'name' not in resource:
+            raise InvalidParameterError('%s[%d]' % (param, number), 'must be a mapping with a name')
+        unknown = sorted(str(key) for key in resource if key not in RESOURCE_KEYS)
+        if unknown:
+            raise InvalidParameterError('%s[%d]' % (param, number), 'unknown key(s) %s; the keys are %s' % (
+                ', '.join(unknown), ', '.join(RESOURCE_KEYS)))
+        name = validate_name(resource['name'], '%s[%d].name' % (param, number))
+        if name in names:
+            raise InvalidParameterError(param, 'resource names must be unique; %r is listed twice' % name)
+        names.append(name)
+        where = '%s[%s]' % (param, name)
+        if resource.get('active_thread_percentage') is not None:
+            parse_percentage(resource['active_thread_percentage'], where + '.active_thread_percentage')
+        mem = resource.get('pinned_device_mem_limit')
+        if isinstance(mem, dict):
+            for key, value in mem.items():
+                parse_size(value, '%s.pinned_device_mem_limit[%s]' % (where, key))
+        elif mem is not None:
+            parse_size(mem, where + '.pinned_device_mem_limit')
+        replicas = resource.get('replicas')
+        for value in (replicas.values() if isinstance(replicas, dict) else [replicas]):
+            if value is None and not isinstance(replicas, dict):
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CLIENTS:
+                raise InvalidParameterError(where + '.replicas', 'must be a number of clients from 1 to %d (no GPU takes more), '
+                                            'or a mapping from GPU model to one; got %r' % (MAX_CLIENTS, value))
 
 
 def _check_limits(plan: ResourcePlan, where: str, gpus: t.Sequence[Gpu]) -> None:

@@ -76,3 +76,24 @@ def test_local_facts_hold_nothing_that_changes_between_runs_and_render_as_to_nic
     text = facts_text(facts)
     assert '4242' not in text and text.endswith('}\n') and text.startswith('{\n    "format": 1,')
     assert not local_facts([], [], [], '/r')['ready']
+
+
+@pytest.mark.parametrize('resources, message', [
+    ([{'name': 'a', 'device': [0]}], r'unknown key\(s\) device'),
+    ([{'name': 'a', 'replicas': 64}], r'^resources\[a\]\.replicas: must be a number of clients from 1 to 60'),
+    ([{'name': 'a', 'replicas': {'NVIDIA*': 0, 'default': 2}}], r'resources\[a\]\.replicas'),
+    ([{'name': 'a', 'pinned_device_mem_limit': '20 GB'}], r"'20 GB' is not a size"),
+    ([{'name': 'a', 'pinned_device_mem_limit': {0: '20GB'}}], r'pinned_device_mem_limit\[0\]: .20GB. is ambiguous'),
+    ([{'name': 'a', 'active_thread_percentage': 150}], r'active_thread_percentage'),
+    ([{'name': 'a'}, {'name': 'a'}], 'listed twice'),
+])
+def test_what_needs_no_gpu_is_refused_without_gpus(resources, message):
+    from ansible_collections.gpufleet.mps.plugins.module_utils._host.plan import check_resources
+    with pytest.raises(MpsError, match=message):
+        check_resources(resources)
+
+
+def test_a_good_list_passes_without_gpus():
+    from ansible_collections.gpufleet.mps.plugins.module_utils._host.plan import check_resources
+    check_resources([{'name': 'a', 'devices': [0, 'GPU-1'], 'replicas': {'NVIDIA*': 8, 'default': 60}, 'multiuser': True,
+                      'pinned_device_mem_limit': {0: '20G'}, 'active_thread_percentage': 25}])
