@@ -317,7 +317,8 @@ def test_jobs(work: str) -> list[Job]:
           f'roll-busy: the held client was ended (exit {held.returncode}): {rest.strip()} {errors.strip()}')
     waited = [action for event in busy.of('runner_on_ok', BUSY_HOST)
               for res in [event['event_data'].get('res', {})] + event['event_data'].get('res', {}).get('results', [])
-              for action in res.get('actions', []) if action.startswith('wait up to')]
+              # mps_host names the resource first ("nvidia.com/gpu: wait up to ...")
+              for action in res.get('actions', []) if action.startswith('wait up to') or ': wait up to' in action]
     check(len(waited) == 1 and '1 connected client' in waited[0],
           f'roll-busy: {BUSY_HOST} did not wait for its client: {waited}')
     check(busy.seconds >= BUSY_SECONDS - 1, f'roll-busy: the roll took {busy.seconds:.1f}s, less than the client held it')
