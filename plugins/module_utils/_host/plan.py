@@ -60,13 +60,10 @@ def replicas_for(replicas: t.Any, gpu_name: str, param: str) -> t.Optional[int]:
     raise InvalidParameterError(param, 'no entry matches GPU model %r and there is no "default"' % gpu_name)
 
 
-def plan_resources(resources: t.Any, gpus: t.Sequence[Gpu], param: str = 'resources',
-                   caps: t.Optional[t.Mapping[str, int]] = None, strict_keys: bool = True) -> t.List[ResourcePlan]:
-    """Every resource with its devices resolved and its limits checked against its own GPUs, or a refusal."""
+def _entries(resources: t.Any, param: str, strict_keys: bool) -> t.Iterator[t.Tuple[t.Dict[str, t.Any], str]]:
+    """Each entry with its checked name, in order: a list of mappings with valid, unique names (and known keys)."""
     if not isinstance(resources, list):
         raise InvalidParameterError(param, 'must be a list of resources (mappings with a name)')
-    owner: t.Dict[str, str] = {}
-    plans = []
     names: t.List[str] = []
     for number, resource in enumerate(resources):
         if not isinstance(resource, dict) or 'name' not in resource:
@@ -79,6 +76,15 @@ def plan_resources(resources: t.Any, gpus: t.Sequence[Gpu], param: str = 'resour
         if name in names:
             raise InvalidParameterError(param, 'resource names must be unique; %r is listed twice' % name)
         names.append(name)
+        yield resource, name
+
+
+def plan_resources(resources: t.Any, gpus: t.Sequence[Gpu], param: str = 'resources',
+                   caps: t.Optional[t.Mapping[str, int]] = None, strict_keys: bool = True) -> t.List[ResourcePlan]:
+    """Every resource with its devices resolved and its limits checked against its own GPUs, or a refusal."""
+    owner: t.Dict[str, str] = {}
+    plans = []
+    for resource, name in _entries(resources, param, strict_keys):
         where = '%s[%s]' % (param, name)
         devices = resource.get('devices')
         chosen = resolve_devices('all' if devices is None else devices, gpus, param=where + '.devices')
@@ -115,20 +121,7 @@ def check_resources(resources: t.Any, param: str = 'resources') -> None:
     Keys, names, percentages, the form of sizes and replica counts. The rest (devices, sizes against memory,
     replicas against each GPU) is :func:`plan_resources`' on the host, with the same messages.
     """
-    if not isinstance(resources, list):
-        raise InvalidParameterError(param, 'must be a list of resources (mappings with a name)')
-    names: t.List[str] = []
-    for number, resource in enumerate(resources):
-        if not isinstance(resource, dict) or 'name' not in resource:
-            raise InvalidParameterError('%s[%d]' % (param, number), 'must be a mapping with a name')
-        unknown = sorted(str(key) for key in resource if key not in RESOURCE_KEYS)
-        if unknown:
-            raise InvalidParameterError('%s[%d]' % (param, number), 'unknown key(s) %s; the keys are %s' % (
-                ', '.join(unknown), ', '.join(RESOURCE_KEYS)))
-        name = validate_name(resource['name'], '%s[%d].name' % (param, number))
-        if name in names:
-            raise InvalidParameterError(param, 'resource names must be unique; %r is listed twice' % name)
-        names.append(name)
+    for resource, name in _entries(resources, param, True):
         where = '%s[%s]' % (param, name)
         if resource.get('active_thread_percentage') is not None:
             parse_percentage(resource['active_thread_percentage'], where + '.active_thread_percentage')
