@@ -11,9 +11,10 @@ never touched.
 from __future__ import annotations
 
 import os
+import re
 import typing as t
 
-from ._errors import MpsError
+from ._errors import InvalidParameterError, MpsError
 from ._outcome import Outcome
 
 try:
@@ -22,6 +23,15 @@ except (ImportError, NotImplementedError):  # no libselinux: no SELinux
     _sel = None  # type: ignore[assignment]
 
 CONTAINER_TYPE = 'container_file_t'
+
+
+def validate_type(value: t.Any, param: str = 'selinux_type') -> str:
+    """An SELinux type name (or '' to leave labels alone), or a refusal naming ``param``."""
+    selinux_type = value or ''
+    if selinux_type and not re.fullmatch(r'[a-z0-9_]+', str(selinux_type)):
+        raise InvalidParameterError(param, 'must be an SELinux type name such as container_file_t (letters, digits, '
+                                    'underscores), or empty to leave labels alone; got %r' % selinux_type)
+    return str(selinux_type)
 
 
 def enabled() -> bool:

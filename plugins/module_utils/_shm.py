@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import shutil
 import stat
 import subprocess
 import typing as t
@@ -28,8 +29,8 @@ from ._resource.lock import RootLock
 from ._proc import daemon_dev_shm, read_mountinfo
 from ._resource.layout import SHM_DIR, resource_paths, systemd_instance, validate_root
 from ._resource.scan import scan_resources
-from ._selinux import enabled as selinux_enabled, plan_type, set_type as set_selinux_type
-from ._supervisor.unit import Systemctl
+from ._selinux import enabled as selinux_enabled, plan_type, set_type as set_selinux_type, validate_type as validate_selinux_type
+from ._supervisor.unit import Systemctl, systemd_is_pid1
 
 FLAGS = ('rw', 'nosuid', 'nodev', 'noexec')
 MODE = 0o1777
@@ -303,6 +304,26 @@ class ShmManager:
         # The tmpfs root's SELinux type where SELinux is enabled ('' leaves labels alone): container clients that
         # mount it as their /dev/shm need a type containers may use, as for the pipe directories.
         self.selinux_type = selinux_type
+        # The caller stops every daemon of the root before the unmount (mps_host state=absent): its plan does not
+        # refuse for them; the run itself checks again once they are stopped.
+        self.daemons_stop_first = False
+
+    @classmethod
+    def for_host(cls, root: str, state: str, persist: str, fstab: str, unit_dir: str, check_mode: bool, selinux_type: t.Any,
+                 param: str = 'persist') -> 'ShmManager':
+        """The manager for this host: V(auto) persistence resolved, systemctl where systemd runs, options checked."""
+        systemd = systemd_is_pid1()
+        systemctl_path = shutil.which('systemctl')
+        if persist == 'auto':
+            persist = 'systemd' if systemd else 'fstab'
+        if state == 'mounted' and persist == 'systemd' and not (systemctl_path and systemd):
+            # A mount unit that cannot be enabled would not bring the tmpfs back at boot: say so instead.
+            raise InvalidParameterError(param, 'systemd was asked for but %s; use fstab (or auto)' % (
+                'systemctl is not installed' if not systemctl_path else 'systemd is not running as PID 1 here'))
+        systemctl = Systemctl(systemctl_path) if systemctl_path and systemd else None
+        # mount and umount are found lazily: a teardown of a host that never had the tmpfs needs neither.
+        return cls(root, persist, fstab, unit_dir, check_mode, Mounter(shutil.which('mount'), shutil.which('umount')),
+                   systemctl=systemctl, selinux_type=validate_selinux_type(selinux_type))
 
     def _persisted(self) -> t.Dict[str, t.Any]:
         fstab = read_text(self.fstab) or ''
@@ -344,7 +365,7 @@ class ShmManager:
             check_unit_path(self.path, 'root')
         out = ShmOutcome()
         current = current_state(self.path, self.pages)
-        users = self.daemons_using() if state == 'absent' and current.mounted else []
+        users = self.daemons_using() if state == 'absent' and current.mounted and not self.daemons_stop_first else []
         if users:
             # The host's unmount would succeed and leave those daemons with a detached tmpfs that no new
             # container can reach: refuse before touching anything.

@@ -156,15 +156,13 @@ actions:
 '''
 
 import os
-import re
-import shutil
 
-from ansible_collections.gpufleet.mps.plugins.module_utils._errors import InvalidParameterError, UnsafePathError
+from ansible_collections.gpufleet.mps.plugins.module_utils._errors import UnsafePathError
 from ansible_collections.gpufleet.mps.plugins.module_utils._io import refuse_unsafe_dirs
 from ansible_collections.gpufleet.mps.plugins.module_utils._module import common_argument_spec, finish, run_module
 from ansible_collections.gpufleet.mps.plugins.module_utils._selinux import CONTAINER_TYPE
-from ansible_collections.gpufleet.mps.plugins.module_utils._shm import Mounter, ShmManager, mount_options, size_kib
-from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.unit import UNIT_DIR, Systemctl, systemd_is_pid1
+from ansible_collections.gpufleet.mps.plugins.module_utils._shm import ShmManager, mount_options, size_kib
+from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.unit import UNIT_DIR
 
 
 def argument_spec():
@@ -182,25 +180,9 @@ def run(module):
     params = module.params
     if params['state'] == 'mounted':
         kib = size_kib(params['size'])
-    persist = params['persist']
-    if persist == 'auto':
-        persist = 'systemd' if systemd_is_pid1() else 'fstab'
-    systemctl = None
-    systemctl_path = shutil.which('systemctl')
-    if params['state'] == 'mounted' and persist == 'systemd' and not (systemctl_path and systemd_is_pid1()):
-        # A mount unit that cannot be enabled would not bring the tmpfs back at boot: say so instead.
-        raise InvalidParameterError('persist', 'systemd was asked for but %s; use persist=fstab (or auto)' % (
-            'systemctl is not installed' if not systemctl_path else 'systemd is not running as PID 1 here'))
-    if systemctl_path and systemd_is_pid1():
-        systemctl = Systemctl(systemctl_path)
-    # Found lazily: a teardown of a host that never had the tmpfs needs neither.
-    mounter = Mounter(shutil.which('mount'), shutil.which('umount'))
-    selinux_type = params['selinux_type'] or ''
-    if selinux_type and not re.fullmatch(r'[a-z0-9_]+', selinux_type):
-        raise InvalidParameterError('selinux_type', 'must be an SELinux type name such as container_file_t (letters, digits, '
-                                    'underscores), or empty to leave labels alone; got %r' % selinux_type)
-    manager = ShmManager(params['root'], persist, params['fstab'], UNIT_DIR, module.check_mode, mounter, systemctl=systemctl,
-                         selinux_type=selinux_type)
+    manager = ShmManager.for_host(params['root'], params['state'], params['persist'], params['fstab'], UNIT_DIR, module.check_mode,
+                                  params['selinux_type'])
+    persist = manager.persist
     refuse_unsafe_dirs([(manager.root, 'root')])
     if os.path.islink(manager.given_path):
         # Its mode is this module's to repair (1777), so only a symbolic link is refused here.

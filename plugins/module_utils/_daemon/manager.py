@@ -12,7 +12,6 @@ from __future__ import annotations
 import datetime
 import errno
 import os
-import re
 import shutil
 import stat
 import time
@@ -32,7 +31,7 @@ from .._resource.lock import RESOURCE_LOCK
 from .._resource.record import StartRecord, read_record, write_record
 from .._resource.scan import ForeignDaemon, foreign_daemons, gpu_claims, live_daemons, scan_config, scan_resources
 from .._resource.store import read_persisted, read_replay, write_replay
-from .._selinux import enabled as selinux_enabled, plan_type
+from .._selinux import enabled as selinux_enabled, plan_type, validate_type as validate_selinux_type
 from .._shm import check_unit_path, mounted_at, shm_persisted
 from .._supervisor.process import LOCK_FILE, LOG_FILES, PID_FILE, PIPE_DIR_FILES, Daemon, DaemonState, inspect
 from .._supervisor.unit import (
@@ -807,10 +806,7 @@ class DaemonSetup:
             systemctl = Systemctl(systemctl_path)
         daemon = Daemon(paths, control, start_timeout=params['start_timeout'], stop_timeout=params['stop_timeout'],
                         log_mode=log_mode, shm_dir=paths.shm_dir if params['shm'] else None)
-        selinux_type = params.get('selinux_type') or ''
-        if selinux_type and not re.fullmatch(r'[a-z0-9_]+', selinux_type):
-            raise InvalidParameterError('selinux_type', 'must be an SELinux type name such as container_file_t (letters, '
-                                        'digits, underscores), or empty to leave labels alone; got %r' % selinux_type)
+        selinux_type = validate_selinux_type(params.get('selinux_type'))
         return cls(paths, config, container, daemon, supervisor, systemctl, nvidia_smi, params['busy'], params['busy_timeout'],
                    selinux_type)
 

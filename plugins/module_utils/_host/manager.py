@@ -35,7 +35,7 @@ from .._outcome import Outcome
 from .._resource.layout import validate_root
 from .._resource.scan import scan_config, scan_resources
 from .._resource.store import persisted_facts, read_persisted
-from .._shm import Mounter, ShmManager, size_kib
+from .._shm import ShmManager, size_kib
 from .._supervisor.health import HEALTH_NAME, render_health
 from .._supervisor.logrotate import render_logrotate
 from .._supervisor.process import inspect
@@ -91,9 +91,8 @@ class HostManager:
         self.unit_dir = unit_dir
         self.root = validate_root(params['root'])
         self.config_dir = validate_root(params['config_dir'], 'config_dir')
-        self.systemd = systemd_is_pid1()
         systemctl_path = shutil.which('systemctl')
-        self.systemctl = Systemctl(systemctl_path) if systemctl_path and self.systemd else None
+        self.systemctl = Systemctl(systemctl_path) if systemctl_path and systemd_is_pid1() else None
 
     # --- validation --------------------------------------------------------------------------------
     def _setup(self, name: str, state: str, plan: t.Optional[ResourcePlan]) -> DaemonSetup:
@@ -239,20 +238,13 @@ class HostManager:
         absent = p['state'] == 'absent'
         if not (p['shm'] or absent):
             return
-        persist = p['shm_persist']
-        if persist == 'auto':
-            persist = 'systemd' if self.systemd else 'fstab'
-        if not absent and persist == 'systemd' and self.systemctl is None:
-            raise InvalidParameterError('shm_persist', 'systemd was asked for but %s; use fstab (or auto)' % (
-                'systemd is not running as PID 1 here' if not self.systemd else 'systemctl is not installed'))
-        manager = ShmManager(self.root, persist, '/etc/fstab', self.unit_dir, check_mode,
-                             Mounter(shutil.which('mount'), shutil.which('umount')), systemctl=self.systemctl,
-                             selinux_type=p['selinux_type'] or '')
-        if absent and not os.path.isdir(manager.given_path) and not manager._persisted()['fstab'] and not manager._persisted()['unit']:
+        manager = ShmManager.for_host(self.root, 'absent' if absent else 'mounted', p['shm_persist'], '/etc/fstab', self.unit_dir,
+                                      check_mode, p['selinux_type'], param='shm_persist')
+        persisted = manager._persisted()
+        if absent and not os.path.isdir(manager.given_path) and not persisted['fstab'] and not persisted['unit']:
             return
-        if absent and check_mode:
-            # The plan stops every daemon of the root before the unmount; the real run checks again then.
-            manager.daemons_using = lambda: []  # type: ignore[assignment]
+        # The plan stops every daemon of the root before the unmount; the real run checks again then.
+        manager.daemons_stop_first = absent and check_mode
         shm = manager.ensure('absent' if absent else 'mounted', p['shm_size'])
         out.take('shm', shm)
 
