@@ -32,6 +32,10 @@
 #define FAKE_API __attribute__((visibility("default")))
 
 #define MAX_GPUS 64
+/* MIG devices per GPU: 7 compute slices on A100/H100/H200, so at most 7 compute instances of 1 slice
+ * (more only with CIs sharing a GI; 8 slots is room for a config to say so). */
+#define MAX_MIG 8
+#define MIG_MAGIC 0x4d494744u /* "MIGD" */
 #define MAX_FAULTS 128
 #define MAX_CONFIG_BYTES (1024 * 1024)
 #define FUNC_NAME_LEN 64
@@ -77,6 +81,13 @@ static const struct export_info EXPORTS[] = {
     {"nvmlDeviceSetComputeMode", SCOPE_DEVICE, 0},
     {"nvmlDeviceGetMigMode", SCOPE_DEVICE, 0},
     {"nvmlDeviceGetPersistenceMode", SCOPE_DEVICE, 0},
+    {"nvmlDeviceGetMaxMigDeviceCount", SCOPE_DEVICE, 0},
+    {"nvmlDeviceGetMigDeviceHandleByIndex", SCOPE_DEVICE, 0},
+    {"nvmlDeviceGetDeviceHandleFromMigDeviceHandle", SCOPE_DEVICE, 0},
+    {"nvmlDeviceIsMigDeviceHandle", SCOPE_DEVICE, 0},
+    {"nvmlDeviceGetGpuInstanceId", SCOPE_DEVICE, 0},
+    {"nvmlDeviceGetComputeInstanceId", SCOPE_DEVICE, 0},
+    {"nvmlDeviceGetAttributes_v2", SCOPE_DEVICE, 0},
 };
 #define N_EXPORTS (sizeof(EXPORTS) / sizeof(EXPORTS[0]))
 
@@ -119,6 +130,18 @@ static const struct export_info *export_by_family(const char *name)
 /* ------------------------------------------------------------------------------------------------ */
 /* The configuration                                                                                */
 
+/* One MIG device (a compute instance in its GPU instance), section [gpu<N>.mig<M>]. */
+struct mig {
+    int present;
+    char profile[32];
+    char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
+    unsigned int gi_id, ci_id;
+    unsigned long long memory_total_mib;
+    unsigned int sm_count;
+    unsigned int gi_slices, ci_slices;
+    unsigned int seen;
+};
+
 struct gpu {
     int present;
     char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
@@ -129,6 +152,9 @@ struct gpu {
     int mig_supported;
     unsigned int mig_current, mig_pending;
     int mig_pending_set;
+    unsigned int max_mig; /* nvmlDeviceGetMaxMigDeviceCount while MIG is enabled */
+    unsigned int mig_count;
+    struct mig migs[MAX_MIG];
     nvmlEnableState_t persistence;
     char pci_bus_id[NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE];
     unsigned int pci_domain, pci_bus, pci_device, pci_function;
@@ -169,7 +195,20 @@ enum gpu_key {
     K_PERSISTENCE = 1u << 7,
     K_PCI_BUS_ID = 1u << 8,
     K_PCI_DEVICE_ID = 1u << 9,
+    K_MAX_MIG = 1u << 10,
 };
+
+enum mig_key {
+    M_PROFILE = 1u << 0,
+    M_UUID = 1u << 1,
+    M_GI = 1u << 2,
+    M_CI = 1u << 3,
+    M_MEMORY = 1u << 4,
+    M_SMS = 1u << 5,
+    M_GI_SLICES = 1u << 6,
+    M_CI_SLICES = 1u << 7,
+};
+#define MIG_REQUIRED (M_PROFILE | M_UUID | M_GI | M_MEMORY | M_SMS)
 #define GPU_REQUIRED (K_NAME | K_UUID | K_MEMORY | K_CC)
 
 enum system_key {
@@ -445,6 +484,12 @@ static int parse_gpu_key(struct gpu *g, const char *key, const char *value)
     } else if (strcmp(key, "pci_bus_id") == 0) {
         bit = K_PCI_BUS_ID;
         rc = parse_pci_bus_id(value, g);
+    } else if (strcmp(key, "max_mig_devices") == 0) {
+        bit = K_MAX_MIG;
+        rc = parse_ull(value, 10, MAX_MIG, &x);
+        if (rc == 0 && x == 0)
+            rc = -1;
+        g->max_mig = (unsigned int)x;
     } else if (strcmp(key, "pci_device_id") == 0) {
         bit = K_PCI_DEVICE_ID;
         rc = parse_ull(value, 16, 0xffffffffull, &x);
@@ -456,6 +501,103 @@ static int parse_gpu_key(struct gpu *g, const char *key, const char *value)
         return -3;
     g->seen |= bit;
     return rc;
+}
+
+/* "[<c>c.]<g>g.<mem>gb": the slice counts a profile name gives (1c.3g.40gb: CI 1, GI 3). */
+static int profile_slices(const char *profile, unsigned int *gi, unsigned int *ci)
+{
+    unsigned int a = 0, b = 0;
+    int used = 0;
+    if (sscanf(profile, "%uc.%ug.%*[0-9]gb%n", &a, &b, &used) == 2 && profile[used] == '\0' && a >= 1 && b >= a) {
+        *ci = a;
+        *gi = b;
+        return 0;
+    }
+    used = 0;
+    if (sscanf(profile, "%ug.%*[0-9]gb%n", &b, &used) == 1 && profile[used] == '\0' && b >= 1) {
+        *ci = b;
+        *gi = b;
+        return 0;
+    }
+    return -1;
+}
+
+static int parse_mig_key(struct mig *m, const char *key, const char *value)
+{
+    unsigned int bit;
+    int rc = 0;
+    unsigned long long x = 0;
+    if (strcmp(key, "profile") == 0) {
+        bit = M_PROFILE;
+        unsigned int gi, ci;
+        rc = copy_string(m->profile, sizeof(m->profile), value);
+        if (rc == 0 && profile_slices(value, &gi, &ci) != 0)
+            rc = -1;
+    } else if (strcmp(key, "uuid") == 0) {
+        bit = M_UUID;
+        rc = copy_string(m->uuid, NVML_DEVICE_UUID_BUFFER_SIZE, value);
+        if (rc == 0 && strncmp(value, "MIG-", 4) != 0)
+            rc = -1;
+    } else if (strcmp(key, "gpu_instance_id") == 0) {
+        bit = M_GI;
+        rc = parse_ull(value, 10, 255, &x);
+        m->gi_id = (unsigned int)x;
+    } else if (strcmp(key, "compute_instance_id") == 0) {
+        bit = M_CI;
+        rc = parse_ull(value, 10, 255, &x);
+        m->ci_id = (unsigned int)x;
+    } else if (strcmp(key, "memory_total_mib") == 0) {
+        bit = M_MEMORY;
+        rc = parse_ull(value, 10, 1ull << 30, &x);
+        if (rc == 0 && x * 1048576ull <= RESERVED_BYTES + IDLE_USED_BYTES)
+            rc = -1;
+        m->memory_total_mib = x;
+    } else if (strcmp(key, "multiprocessor_count") == 0) {
+        bit = M_SMS;
+        rc = parse_ull(value, 10, 1024, &x);
+        if (rc == 0 && x == 0)
+            rc = -1;
+        m->sm_count = (unsigned int)x;
+    } else if (strcmp(key, "gpu_instance_slices") == 0) {
+        bit = M_GI_SLICES;
+        rc = parse_ull(value, 10, 8, &x);
+        if (rc == 0 && x == 0)
+            rc = -1;
+        m->gi_slices = (unsigned int)x;
+    } else if (strcmp(key, "compute_instance_slices") == 0) {
+        bit = M_CI_SLICES;
+        rc = parse_ull(value, 10, 8, &x);
+        if (rc == 0 && x == 0)
+            rc = -1;
+        m->ci_slices = (unsigned int)x;
+    } else {
+        return -2;
+    }
+    if (m->seen & bit)
+        return -3;
+    m->seen |= bit;
+    return rc;
+}
+
+/* "gpu<N>.mig<M>": a MIG device section. */
+static int mig_section_index(const char *section, unsigned int *gpu, unsigned int *mig)
+{
+    char head[16];
+    const char *dot = strchr(section, '.');
+    if (dot == NULL || (size_t)(dot - section) >= sizeof(head) || strncmp(dot + 1, "mig", 3) != 0)
+        return -1;
+    memcpy(head, section, (size_t)(dot - section));
+    head[dot - section] = '\0';
+    if (gpu_section_index(head, gpu) != 0)
+        return -1;
+    const char *digits = dot + 4;
+    unsigned long long x;
+    if (!isdigit((unsigned char)digits[0]) || (digits[0] == '0' && digits[1] != '\0'))
+        return -1;
+    if (parse_ull(digits, 10, MAX_MIG - 1, &x) != 0)
+        return -1;
+    *mig = (unsigned int)x;
+    return 0;
 }
 
 static int add_fault(struct config *cfg, int gpu, const char *func, const char *value)
@@ -483,11 +625,75 @@ static int add_fault(struct config *cfg, int gpu, const char *func, const char *
     return 0;
 }
 
+/* A GPU's MIG sections: contiguous from mig0, only on a GPU whose MIG mode is enabled, each complete,
+ * UUIDs unique on the host, one (GI, CI) pair each. Fills the slice counts the profile implies. */
+static int validate_migs(struct config *cfg, unsigned int i, const char *path)
+{
+    struct gpu *g = &cfg->gpus[i];
+    g->mig_count = 0;
+    while (g->mig_count < MAX_MIG && g->migs[g->mig_count].present)
+        g->mig_count++;
+    for (unsigned int k = g->mig_count; k < MAX_MIG; k++) {
+        if (g->migs[k].present) {
+            debug(path, 0, "[gpu%u.mig%u] present but [gpu%u.mig%u] missing: MIG sections must be contiguous from 0", i, k, i,
+                  g->mig_count);
+            return -1;
+        }
+    }
+    if (g->mig_count == 0)
+        return 0;
+    if (!g->present || !g->mig_supported || g->mig_current != NVML_DEVICE_MIG_ENABLE) {
+        debug(path, 0, "[gpu%u] has MIG devices but its mig_mode is not enabled", i);
+        return -1;
+    }
+    if (g->mig_count > g->max_mig) {
+        debug(path, 0, "[gpu%u] has %u MIG devices, more than max_mig_devices = %u", i, g->mig_count, g->max_mig);
+        return -1;
+    }
+    for (unsigned int k = 0; k < g->mig_count; k++) {
+        struct mig *m = &g->migs[k];
+        if ((m->seen & MIG_REQUIRED) != MIG_REQUIRED) {
+            debug(path, 0, "[gpu%u.mig%u] needs profile, uuid, gpu_instance_id, memory_total_mib and multiprocessor_count", i, k);
+            return -1;
+        }
+        unsigned int gi_slices, ci_slices;
+        profile_slices(m->profile, &gi_slices, &ci_slices);
+        if (!(m->seen & M_GI_SLICES))
+            m->gi_slices = gi_slices;
+        if (!(m->seen & M_CI_SLICES))
+            m->ci_slices = ci_slices;
+        if (m->memory_total_mib > g->memory_total_mib) {
+            debug(path, 0, "[gpu%u.mig%u] has more memory than its GPU", i, k);
+            return -1;
+        }
+        for (unsigned int j = 0; j < k; j++) {
+            if (g->migs[j].gi_id == m->gi_id && g->migs[j].ci_id == m->ci_id) {
+                debug(path, 0, "[gpu%u.mig%u] and [gpu%u.mig%u] are both GPU instance %u, compute instance %u", i, j, i, k,
+                      m->gi_id, m->ci_id);
+                return -1;
+            }
+        }
+        for (unsigned int o = 0; o <= i; o++) {
+            if (strcmp(cfg->gpus[o].uuid, m->uuid) == 0)
+                goto dup;
+            for (unsigned int j = 0; j < (o == i ? k : cfg->gpus[o].mig_count); j++)
+                if (strcmp(cfg->gpus[o].migs[j].uuid, m->uuid) == 0)
+                    goto dup;
+        }
+        continue;
+    dup:
+        debug(path, 0, "[gpu%u.mig%u]: uuid %s is used twice", i, k, m->uuid);
+        return -1;
+    }
+    return 0;
+}
+
 /* Parses the INI text (NUL-terminated, modified in place: pass a copy). 0 on success. */
 static int parse_config(char *text, const char *path, struct config *cfg)
 {
-    enum { SEC_NONE, SEC_SYSTEM, SEC_GPU, SEC_OTHER } sec = SEC_NONE;
+    enum { SEC_NONE, SEC_SYSTEM, SEC_GPU, SEC_MIG, SEC_OTHER } sec = SEC_NONE;
     struct gpu *g = NULL;
+    struct mig *m = NULL;
     int gpu_index = -1;
     unsigned int lineno = 0;
     char *p = text;
@@ -516,7 +722,7 @@ static int parse_config(char *text, const char *path, struct config *cfg)
             }
             *close = '\0';
             char *name = trim(s + 1);
-            unsigned int idx;
+            unsigned int idx, mig_idx;
             if (strcmp(name, "system") == 0) {
                 if (cfg->have_system) {
                     debug(path, lineno, "duplicate section [system]");
@@ -534,8 +740,18 @@ static int parse_config(char *text, const char *path, struct config *cfg)
                 g->header_end = line_end;
                 gpu_index = (int)idx;
                 sec = SEC_GPU;
+            } else if (mig_section_index(name, &idx, &mig_idx) == 0) {
+                if (cfg->gpus[idx].migs[mig_idx].present) {
+                    debug(path, lineno, "duplicate section [%s]", name);
+                    return -1;
+                }
+                m = &cfg->gpus[idx].migs[mig_idx];
+                m->present = 1;
+                gpu_index = (int)idx;
+                sec = SEC_MIG;
             } else if (strncasecmp(name, "gpu", 3) == 0) {
-                debug(path, lineno, "[%s]: GPU sections are [gpu0] .. [gpu%d]", name, MAX_GPUS - 1);
+                debug(path, lineno, "[%s]: GPU sections are [gpu0] .. [gpu%d], MIG devices [gpuN.mig0] .. [gpuN.mig%d]",
+                      name, MAX_GPUS - 1, MAX_MIG - 1);
                 return -1;
             } else {
                 sec = SEC_OTHER; /* room for other tools sharing the file */
@@ -557,10 +773,14 @@ static int parse_config(char *text, const char *path, struct config *cfg)
             debug(path, lineno, "'%s' outside any section", key);
             return -1;
         }
-        if (strncmp(key, "fail.", 5) == 0) {
+        if (strncmp(key, "fail.", 5) == 0 && sec == SEC_MIG) {
+            rc = -2; /* faults are per GPU: a MIG device fails with its GPU */
+        } else if (strncmp(key, "fail.", 5) == 0) {
             rc = add_fault(cfg, sec == SEC_GPU ? gpu_index : -1, key + 5, value);
         } else if (sec == SEC_SYSTEM) {
             rc = parse_system_key(cfg, key, value);
+        } else if (sec == SEC_MIG) {
+            rc = parse_mig_key(m, key, value);
         } else {
             rc = parse_gpu_key(g, key, value);
             if (rc == 0 && strcmp(key, "compute_mode") == 0) {
@@ -602,6 +822,10 @@ static int parse_config(char *text, const char *path, struct config *cfg)
     while (cfg->gpu_count < MAX_GPUS && cfg->gpus[cfg->gpu_count].present)
         cfg->gpu_count++;
     for (unsigned int i = cfg->gpu_count; i < MAX_GPUS; i++) {
+        if (cfg->gpus[i].migs[0].present && !cfg->gpus[i].present) {
+            debug(path, 0, "[gpu%u.mig0] without [gpu%u]", i, i);
+            return -1;
+        }
         if (cfg->gpus[i].present) {
             debug(path, 0, "[gpu%u] present but [gpu%u] missing: GPU sections must be contiguous from 0",
                   i, cfg->gpu_count);
@@ -624,6 +848,10 @@ static int parse_config(char *text, const char *path, struct config *cfg)
             gi->mig_supported = 1, gi->mig_current = NVML_DEVICE_MIG_DISABLE;
         if (!gi->mig_pending_set)
             gi->mig_pending = gi->mig_current;
+        if (!(gi->seen & K_MAX_MIG))
+            gi->max_mig = 7;
+        if (validate_migs(cfg, i, path) != 0)
+            return -1;
         if (!(gi->seen & K_PCI_BUS_ID))
             gi->pci_bus = i + 1;
         snprintf(gi->pci_bus_id, sizeof(gi->pci_bus_id), "%08X:%02X:%02X.%X", gi->pci_domain, gi->pci_bus,
@@ -830,6 +1058,8 @@ struct nvmlDevice_st {
     unsigned int index;
 };
 static struct nvmlDevice_st device_table[MAX_GPUS];
+/* MIG device handles: slot [gpu][mig]; index holds gpu * MAX_MIG + mig. */
+static struct nvmlDevice_st mig_table[MAX_GPUS * MAX_MIG];
 
 static void log_call(const char *func)
 {
@@ -912,6 +1142,18 @@ static nvmlReturn_t check_gpu(const char *func, const struct loaded *l, unsigned
     return rc;
 }
 
+/* A MIG device handle's GPU and MIG index; -1 when it is not one of the MIG slots. */
+static int mig_handle(nvmlDevice_t device, unsigned int *gpu, unsigned int *mig)
+{
+    uintptr_t base = (uintptr_t)mig_table, p = (uintptr_t)device;
+    if (device == NULL || p < base || p >= base + sizeof(mig_table) || (p - base) % sizeof(mig_table[0]) != 0 ||
+        device->magic != MIG_MAGIC)
+        return -1;
+    *gpu = device->index / MAX_MIG;
+    *mig = device->index % MAX_MIG;
+    return 0;
+}
+
 static int handle_index(nvmlDevice_t device, unsigned int *index)
 {
     uintptr_t base = (uintptr_t)device_table, p = (uintptr_t)device;
@@ -929,6 +1171,15 @@ __attribute__((constructor)) static void fill_device_table(void)
         device_table[i].magic = DEVICE_MAGIC;
         device_table[i].index = i;
     }
+    for (unsigned int i = 0; i < MAX_GPUS * MAX_MIG; i++) {
+        mig_table[i].magic = MIG_MAGIC;
+        mig_table[i].index = i;
+    }
+}
+
+static nvmlDevice_t mig_handle_for(unsigned int gpu, unsigned int mig)
+{
+    return &mig_table[gpu * MAX_MIG + mig];
 }
 
 static nvmlDevice_t handle_for(unsigned int index)
@@ -936,24 +1187,47 @@ static nvmlDevice_t handle_for(unsigned int index)
     return &device_table[index];
 }
 
-/* Common entry for per-GPU functions. lock_op: LOCK_SH to read, LOCK_EX to modify. */
-static nvmlReturn_t enter_device(const char *func, nvmlDevice_t device, int lock_op, struct loaded **out,
-                                 unsigned int *index)
+/* Common entry for per-device functions that take a GPU or a MIG device handle: *mig is -1 for a GPU.
+ * A MIG handle whose device no longer exists (the instance was destroyed; the config was rewritten) is
+ * invalid, as nvml.h says of a destroyed compute instance's handle. Faults are the parent GPU's. */
+static nvmlReturn_t enter_any(const char *func, nvmlDevice_t device, int lock_op, struct loaded **out, unsigned int *index,
+                              int *mig)
 {
     if (!initialized())
         return NVML_ERROR_UNINITIALIZED;
-    if (handle_index(device, index) != 0)
+    unsigned int m = 0;
+    *mig = -1;
+    if (mig_handle(device, index, &m) == 0)
+        *mig = (int)m;
+    else if (handle_index(device, index) != 0)
         return NVML_ERROR_INVALID_ARGUMENT;
     struct loaded *l = load_config(lock_op);
     if (l == NULL)
         return NVML_ERROR_UNKNOWN;
     nvmlReturn_t rc = *index < l->cfg.gpu_count ? check_gpu(func, l, *index) : NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS && *mig >= 0 &&
+        (l->cfg.gpus[*index].mig_current != NVML_DEVICE_MIG_ENABLE || (unsigned int)*mig >= l->cfg.gpus[*index].mig_count))
+        rc = NVML_ERROR_INVALID_ARGUMENT;
     if (rc != NVML_SUCCESS) {
         loaded_free(l);
         return rc;
     }
     *out = l;
     return NVML_SUCCESS;
+}
+
+/* Common entry for per-GPU functions. lock_op: LOCK_SH to read, LOCK_EX to modify. A MIG device handle is
+ * answered NVML_ERROR_NOT_SUPPORTED: compute mode, MIG mode and persistence are the GPU's [I]. */
+static nvmlReturn_t enter_device(const char *func, nvmlDevice_t device, int lock_op, struct loaded **out,
+                                 unsigned int *index)
+{
+    int mig;
+    nvmlReturn_t rc = enter_any(func, device, lock_op, out, index, &mig);
+    if (rc == NVML_SUCCESS && mig >= 0) {
+        loaded_free(*out);
+        return NVML_ERROR_NOT_SUPPORTED;
+    }
+    return rc;
 }
 
 static nvmlReturn_t put_string(const char *value, char *buf, unsigned int length)
@@ -1202,11 +1476,21 @@ FAKE_API nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *
         return NVML_ERROR_UNKNOWN;
     nvmlReturn_t rc = NVML_ERROR_NOT_FOUND;
     unsigned int index = 0;
-    for (unsigned int i = 0; i < l->cfg.gpu_count; i++) {
+    int mig = -1;
+    for (unsigned int i = 0; i < l->cfg.gpu_count && rc == NVML_ERROR_NOT_FOUND; i++) {
         if (strcmp(l->cfg.gpus[i].uuid, uuid) == 0) {
             index = i;
             rc = check_gpu(__func__, l, i);
             break;
+        }
+        /* nvml.h: "The UUID of the target GPU or MIG instance" */
+        for (unsigned int k = 0; k < l->cfg.gpus[i].mig_count; k++) {
+            if (strcmp(l->cfg.gpus[i].migs[k].uuid, uuid) == 0) {
+                index = i;
+                mig = (int)k;
+                rc = check_gpu(__func__, l, i);
+                break;
+            }
         }
     }
     if (rc == NVML_ERROR_NOT_FOUND) {
@@ -1217,7 +1501,7 @@ FAKE_API nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *
     }
     loaded_free(l);
     if (rc == NVML_SUCCESS)
-        *device = handle_for(index);
+        *device = mig >= 0 ? mig_handle_for(index, (unsigned int)mig) : handle_for(index);
     return rc;
 }
 
@@ -1230,10 +1514,12 @@ FAKE_API nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *inde
         return NVML_ERROR_INVALID_ARGUMENT;
     struct loaded *l;
     unsigned int i;
-    nvmlReturn_t rc = enter_device(__func__, device, LOCK_SH, &l, &i);
+    int mig;
+    nvmlReturn_t rc = enter_any(__func__, device, LOCK_SH, &l, &i, &mig);
     if (rc != NVML_SUCCESS)
         return rc;
-    *index = i;
+    /* nvml.h: a MIG device handle's index is the one nvmlDeviceGetMigDeviceHandleByIndex takes */
+    *index = mig >= 0 ? (unsigned int)mig : i;
     loaded_free(l);
     return NVML_SUCCESS;
 }
@@ -1250,10 +1536,11 @@ FAKE_API nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigne
         return NVML_ERROR_INVALID_ARGUMENT;
     struct loaded *l;
     unsigned int i;
-    nvmlReturn_t rc = enter_device(__func__, device, LOCK_SH, &l, &i);
+    int mig;
+    nvmlReturn_t rc = enter_any(__func__, device, LOCK_SH, &l, &i, &mig);
     if (rc != NVML_SUCCESS)
         return rc;
-    rc = put_string(l->cfg.gpus[i].uuid, uuid, length);
+    rc = put_string(mig >= 0 ? l->cfg.gpus[i].migs[mig].uuid : l->cfg.gpus[i].uuid, uuid, length);
     loaded_free(l);
     return rc;
 }
@@ -1267,10 +1554,18 @@ FAKE_API nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigne
         return NVML_ERROR_INVALID_ARGUMENT;
     struct loaded *l;
     unsigned int i;
-    nvmlReturn_t rc = enter_device(__func__, device, LOCK_SH, &l, &i);
+    int mig;
+    nvmlReturn_t rc = enter_any(__func__, device, LOCK_SH, &l, &i, &mig);
     if (rc != NVML_SUCCESS)
         return rc;
-    rc = put_string(l->cfg.gpus[i].name, name, length);
+    if (mig >= 0) {
+        /* "NVIDIA A100-SXM4-80GB MIG 1g.10gb": the GPU's name and the profile, as nvidia-smi -L prints it [I] */
+        char buf[NVML_DEVICE_NAME_V2_BUFFER_SIZE + 48];
+        snprintf(buf, sizeof(buf), "%s MIG %s", l->cfg.gpus[i].name, l->cfg.gpus[i].migs[mig].profile);
+        rc = put_string(buf, name, length);
+    } else {
+        rc = put_string(l->cfg.gpus[i].name, name, length);
+    }
     loaded_free(l);
     return rc;
 }
@@ -1284,11 +1579,12 @@ FAKE_API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t 
         return NVML_ERROR_INVALID_ARGUMENT;
     struct loaded *l;
     unsigned int i;
-    nvmlReturn_t rc = enter_device(__func__, device, LOCK_SH, &l, &i);
+    int mig;
+    nvmlReturn_t rc = enter_any(__func__, device, LOCK_SH, &l, &i, &mig);
     if (rc != NVML_SUCCESS)
         return rc;
-    /* v1 counts the driver's reserved framebuffer as used */
-    memory->total = l->cfg.gpus[i].memory_total_mib * 1048576ull;
+    /* v1 counts the driver's reserved framebuffer as used; a MIG device reports its own memory */
+    memory->total = (mig >= 0 ? l->cfg.gpus[i].migs[mig].memory_total_mib : l->cfg.gpus[i].memory_total_mib) * 1048576ull;
     memory->used = RESERVED_BYTES + IDLE_USED_BYTES;
     memory->free = memory->total - memory->used;
     loaded_free(l);
@@ -1304,7 +1600,8 @@ FAKE_API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory
         return NVML_ERROR_INVALID_ARGUMENT;
     struct loaded *l;
     unsigned int i;
-    nvmlReturn_t rc = enter_device(__func__, device, LOCK_SH, &l, &i);
+    int mig;
+    nvmlReturn_t rc = enter_any(__func__, device, LOCK_SH, &l, &i, &mig);
     if (rc != NVML_SUCCESS)
         return rc;
     if (memory->version != nvmlMemory_v2) {
@@ -1312,7 +1609,7 @@ FAKE_API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     }
     /* v2 reports the reserved framebuffer on its own line */
-    memory->total = l->cfg.gpus[i].memory_total_mib * 1048576ull;
+    memory->total = (mig >= 0 ? l->cfg.gpus[i].migs[mig].memory_total_mib : l->cfg.gpus[i].memory_total_mib) * 1048576ull;
     memory->reserved = RESERVED_BYTES;
     memory->used = IDLE_USED_BYTES;
     memory->free = memory->total - memory->reserved - memory->used;
@@ -1329,7 +1626,8 @@ FAKE_API nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, in
         return NVML_ERROR_INVALID_ARGUMENT;
     struct loaded *l;
     unsigned int i;
-    nvmlReturn_t rc = enter_device(__func__, device, LOCK_SH, &l, &i);
+    int mig;
+    nvmlReturn_t rc = enter_any(__func__, device, LOCK_SH, &l, &i, &mig); /* a MIG device: its GPU's [I] */
     if (rc != NVML_SUCCESS)
         return rc;
     *major = l->cfg.gpus[i].cc_major;
@@ -1347,7 +1645,8 @@ FAKE_API nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t
         return NVML_ERROR_INVALID_ARGUMENT;
     struct loaded *l;
     unsigned int i;
-    nvmlReturn_t rc = enter_device(__func__, device, LOCK_SH, &l, &i);
+    int mig;
+    nvmlReturn_t rc = enter_any(__func__, device, LOCK_SH, &l, &i, &mig); /* a MIG device: its GPU's [I] */
     if (rc != NVML_SUCCESS)
         return rc;
     const struct gpu *g = &l->cfg.gpus[i];
@@ -1428,8 +1727,9 @@ FAKE_API nvmlReturn_t nvmlDeviceSetComputeMode(nvmlDevice_t device, nvmlComputeM
     log_call(__func__);
     if (!initialized())
         return NVML_ERROR_UNINITIALIZED;
-    unsigned int probe;
-    if (handle_index(device, &probe) != 0 || (unsigned int)mode >= NVML_COMPUTEMODE_COUNT)
+    unsigned int probe, probe_mig;
+    if ((handle_index(device, &probe) != 0 && mig_handle(device, &probe, &probe_mig) != 0) ||
+        (unsigned int)mode >= NVML_COMPUTEMODE_COUNT)
         return NVML_ERROR_INVALID_ARGUMENT;
     struct loaded *l;
     unsigned int i;
@@ -1446,6 +1746,156 @@ FAKE_API nvmlReturn_t nvmlDeviceSetComputeMode(nvmlDevice_t device, nvmlComputeM
         rc = NVML_ERROR_NOT_SUPPORTED; /* compute modes do not apply to a GPU split into MIG instances */
     else if (g->compute_mode != mode)
         rc = store_compute_mode(l, i, mode);
+    loaded_free(l);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* MIG devices: [gpu<N>.mig<M>] sections                                                            */
+
+FAKE_API nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count)
+{
+    log_call(__func__);
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    if (count == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    struct loaded *l;
+    unsigned int i;
+    nvmlReturn_t rc = enter_device(__func__, device, LOCK_SH, &l, &i);
+    if (rc == NVML_ERROR_NOT_SUPPORTED)
+        return NVML_ERROR_INVALID_ARGUMENT; /* nvml.h lists no NOT_SUPPORTED: a MIG handle is not a parent */
+    if (rc != NVML_SUCCESS)
+        return rc;
+    const struct gpu *g = &l->cfg.gpus[i];
+    /* nvml.h: "Returns zero if MIG is not supported or enabled" */
+    *count = g->mig_supported && g->mig_current == NVML_DEVICE_MIG_ENABLE ? g->max_mig : 0;
+    loaded_free(l);
+    return NVML_SUCCESS;
+}
+
+FAKE_API nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index, nvmlDevice_t *migDevice)
+{
+    log_call(__func__);
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    if (migDevice == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    struct loaded *l;
+    unsigned int i;
+    nvmlReturn_t rc = enter_device(__func__, device, LOCK_SH, &l, &i);
+    if (rc == NVML_ERROR_NOT_SUPPORTED)
+        return NVML_ERROR_INVALID_ARGUMENT; /* a MIG handle has no MIG devices under it */
+    if (rc != NVML_SUCCESS)
+        return rc;
+    const struct gpu *g = &l->cfg.gpus[i];
+    if (!g->mig_supported || g->mig_current != NVML_DEVICE_MIG_ENABLE)
+        rc = NVML_ERROR_NOT_SUPPORTED; /* [I]: MIG disabled or not supported */
+    else if (index >= g->max_mig)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    else if (index >= g->mig_count)
+        rc = NVML_ERROR_NOT_FOUND; /* nvml.h: "no valid MIG device was found at index" */
+    else
+        *migDevice = mig_handle_for(i, index);
+    loaded_free(l);
+    return rc;
+}
+
+FAKE_API nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t migDevice, nvmlDevice_t *device)
+{
+    log_call(__func__);
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    if (device == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    struct loaded *l;
+    unsigned int i;
+    int mig;
+    nvmlReturn_t rc = enter_any(__func__, migDevice, LOCK_SH, &l, &i, &mig);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    loaded_free(l);
+    if (mig < 0)
+        return NVML_ERROR_INVALID_ARGUMENT; /* not a MIG device handle [I] */
+    *device = handle_for(i);
+    return NVML_SUCCESS;
+}
+
+FAKE_API nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *isMigDevice)
+{
+    log_call(__func__);
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    if (isMigDevice == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    struct loaded *l;
+    unsigned int i;
+    int mig;
+    nvmlReturn_t rc = enter_any(__func__, device, LOCK_SH, &l, &i, &mig);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    loaded_free(l);
+    *isMigDevice = mig >= 0;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t instance_id(const char *func, nvmlDevice_t device, unsigned int *id, int compute)
+{
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    if (id == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    struct loaded *l;
+    unsigned int i;
+    int mig;
+    nvmlReturn_t rc = enter_any(func, device, LOCK_SH, &l, &i, &mig);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (mig < 0) {
+        rc = NVML_ERROR_NOT_SUPPORTED; /* a GPU handle has no instance [I] */
+    } else {
+        const struct mig *m = &l->cfg.gpus[i].migs[mig];
+        *id = compute ? m->ci_id : m->gi_id;
+    }
+    loaded_free(l);
+    return rc;
+}
+
+FAKE_API nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id)
+{
+    log_call(__func__);
+    return instance_id(__func__, device, id, 0);
+}
+
+FAKE_API nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *id)
+{
+    log_call(__func__);
+    return instance_id(__func__, device, id, 1);
+}
+
+FAKE_API nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t device, nvmlDeviceAttributes_t *attributes)
+{
+    log_call(__func__);
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    if (attributes == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    struct loaded *l;
+    unsigned int i;
+    int mig;
+    nvmlReturn_t rc = enter_any(__func__, device, LOCK_SH, &l, &i, &mig);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (mig < 0) {
+        rc = NVML_ERROR_NOT_SUPPORTED; /* nvml.h: "This API currently only supports MIG device handles" */
+    } else {
+        const struct mig *m = &l->cfg.gpus[i].migs[mig];
+        memset(attributes, 0, sizeof(*attributes));
+        attributes->multiprocessorCount = m->sm_count;
+        attributes->gpuInstanceSliceCount = m->gi_slices;
+        attributes->computeInstanceSliceCount = m->ci_slices;
+        attributes->memorySizeMB = m->memory_total_mib;
+    }
     loaded_free(l);
     return rc;
 }

@@ -56,8 +56,17 @@ EXPORTED = frozenset(
         "nvmlDeviceSetComputeMode",
         "nvmlDeviceGetMigMode",
         "nvmlDeviceGetPersistenceMode",
+        "nvmlDeviceGetMaxMigDeviceCount",
+        "nvmlDeviceGetMigDeviceHandleByIndex",
+        "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
+        "nvmlDeviceIsMigDeviceHandle",
+        "nvmlDeviceGetGpuInstanceId",
+        "nvmlDeviceGetComputeInstanceId",
+        "nvmlDeviceGetAttributes_v2",
     }
 )
+# The MIG entry points: their recipes need a MIG device handle (test_every_mig_function_returns_an_injected_fault).
+MIG_FUNCTIONS = frozenset(name for name in EXPORTED if name != "nvmlDeviceGetMigMode" and ("Mig" in name or "InstanceId" in name or "Attributes" in name))
 
 # What each shipped host must be (from the collection's test plan): per GPU name, MiB, compute capability, MIG.
 SPEC: dict[str, list[tuple[str, int, tuple[int, int], str]]] = {
@@ -70,6 +79,15 @@ SPEC: dict[str, list[tuple[str, int, tuple[int, int], str]]] = {
     "l40s.ini": [("NVIDIA L40S", 46068, (8, 9), "unsupported")],
     "p100x2.ini": [("Tesla P100-PCIE-16GB", 16280, (6, 0), "unsupported")] * 2,
     "h200x1-r590.ini": [("NVIDIA H200", 143771, (9, 0), "disabled")],
+    "a100x1-mig7.ini": [("NVIDIA A100-SXM4-80GB", 81920, (8, 0), "enabled")],
+    "h100x1-mig.ini": [("NVIDIA H100 80GB HBM3", 81559, (9, 0), "enabled")],
+    "mig-mixed.ini": [("NVIDIA H100 80GB HBM3", 81559, (9, 0), "disabled")] + [("NVIDIA H100 80GB HBM3", 81559, (9, 0), "enabled")] * 2,
+}
+# Per shipped MIG host: GPU index -> the profiles of its MIG devices, in MIG index order (the issue's ready configs).
+MIG_SPEC: dict[str, dict[int, list[str]]] = {
+    "a100x1-mig7.ini": {0: ["1g.10gb"] * 7},
+    "h100x1-mig.ini": {0: ["3g.40gb", "2g.20gb", "1g.10gb"]},
+    "mig-mixed.ini": {1: ["3g.40gb", "2g.20gb", "1g.10gb"], 2: []},
 }
 
 CHILD_PRELUDE = """
@@ -262,7 +280,12 @@ def test_every_shipped_config_reports_its_whole_inventory(config: str, nvml: Mod
 def test_shipped_uuids_are_unique_across_configs_and_unambiguous_by_prefix_within_one() -> None:
     every: list[str] = []
     for config in SHIPPED:
-        uuids = [section["uuid"] for section in gpu_sections(ini(CONFIGS / config))]
+        parser = ini(CONFIGS / config)
+        uuids = [section["uuid"] for section in gpu_sections(parser)]
+        for name in parser.sections():
+            if re.fullmatch(r"gpu\d+\.mig\d+", name):
+                assert re.fullmatch(r"MIG-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", parser[name]["uuid"])
+                every.append(parser[name]["uuid"])
         for uuid in uuids:
             assert re.fullmatch(r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", uuid), uuid
         assert len({uuid[:12] for uuid in uuids}) == len(uuids), config
@@ -707,7 +730,7 @@ def call_recipes(raw: ctypes.CDLL, handle: ctypes.c_void_p, uuid: bytes) -> dict
     }
 
 
-FAILABLE = sorted(EXPORTED - {"nvmlErrorString"})
+FAILABLE = sorted(EXPORTED - {"nvmlErrorString"} - MIG_FUNCTIONS)
 
 
 @pytest.mark.parametrize("function", FAILABLE)
@@ -797,3 +820,148 @@ def test_call_log_counts_failed_and_uninitialized_calls_too(make_host: Callable[
     )
     assert result == ["NVMLError_DriverNotLoaded"] * 2
     assert [line.split(" ")[1] for line in log.read_text(encoding="utf-8").splitlines()] == ["nvmlInitWithFlags"] * 2
+
+
+# --------------------------------------------------------------------------------------------------
+# MIG devices
+
+
+def mig_sections(parser: configparser.ConfigParser, gpu: int) -> list[configparser.SectionProxy]:
+    count = sum(1 for name in parser.sections() if re.fullmatch(rf"gpu{gpu}\.mig\d+", name))
+    return [parser[f"gpu{gpu}.mig{index}"] for index in range(count)]
+
+
+@pytest.mark.parametrize("config", sorted(MIG_SPEC))
+def test_mig_hosts_list_their_mig_devices_under_the_parent(config: str, nvml: ModuleType, use_host: Callable[..., Host]) -> None:
+    host = use_host(config)
+    parser = ini(host.config)
+    nvml.nvmlInit()
+    for index in range(nvml.nvmlDeviceGetCount()):
+        parent = nvml.nvmlDeviceGetHandleByIndex(index)
+        assert nvml.nvmlDeviceIsMigDeviceHandle(parent).value == 0
+        profiles = MIG_SPEC[config].get(index)
+        if profiles is None:  # MIG disabled: no MIG devices (nvml.h: zero when not enabled)
+            assert nvml.nvmlDeviceGetMaxMigDeviceCount(parent) == 0
+            with pytest.raises(nvml.NVMLError_NotSupported):
+                nvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, 0)
+            continue
+        assert nvml.nvmlDeviceGetMaxMigDeviceCount(parent) == 7
+        sections = mig_sections(parser, index)
+        assert [section["profile"] for section in sections] == profiles
+        for mig_index, section in enumerate(sections):
+            mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, mig_index)
+            assert nvml.nvmlDeviceIsMigDeviceHandle(mig).value == 1
+            assert nvml.nvmlDeviceGetUUID(mig) == section["uuid"]
+            assert nvml.nvmlDeviceGetName(mig) == "%s MIG %s" % (parser[f"gpu{index}"]["name"], section["profile"])
+            assert nvml.nvmlDeviceGetIndex(mig) == mig_index
+            assert nvml.nvmlDeviceGetIndex(nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig)) == index
+            assert nvml.nvmlDeviceGetMemoryInfo(mig).total == section.getint("memory_total_mib") * 1048576
+            assert nvml.nvmlDeviceGetGpuInstanceId(mig) == section.getint("gpu_instance_id")
+            assert nvml.nvmlDeviceGetComputeInstanceId(mig) == section.getint("compute_instance_id")
+            attributes = nvml.nvmlDeviceGetAttributes(mig)
+            slices = int(section["profile"].split("g.")[0])
+            assert (attributes.multiprocessorCount, attributes.gpuInstanceSliceCount, attributes.computeInstanceSliceCount,
+                    attributes.memorySizeMB) == (section.getint("multiprocessor_count"), slices, slices, section.getint("memory_total_mib"))
+            assert nvml.nvmlDeviceGetCudaComputeCapability(mig) == nvml.nvmlDeviceGetCudaComputeCapability(parent)
+            assert nvml.nvmlDeviceGetIndex(nvml.nvmlDeviceGetHandleByUUID(section["uuid"])) == mig_index
+        if len(sections) < 7:
+            with pytest.raises(nvml.NVMLError_NotFound):
+                nvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, len(sections))
+        with pytest.raises(nvml.NVMLError_InvalidArgument):
+            nvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, 7)
+
+
+def test_mig_device_handles_refuse_gpu_wide_calls_and_gpus_refuse_mig_only_ones(nvml: ModuleType, use_host: Callable[..., Host]) -> None:
+    host = use_host("mig-mixed.ini")
+    nvml.nvmlInit()
+    whole, parent = nvml.nvmlDeviceGetHandleByIndex(0), nvml.nvmlDeviceGetHandleByIndex(1)
+    mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, 0)
+    for call in (nvml.nvmlDeviceGetComputeMode, nvml.nvmlDeviceGetMigMode, nvml.nvmlDeviceGetPersistenceMode):
+        with pytest.raises(nvml.NVMLError_NotSupported):
+            call(mig)
+    with pytest.raises(nvml.NVMLError_NotSupported):
+        nvml.nvmlDeviceSetComputeMode(mig, nvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS)
+    for call in (nvml.nvmlDeviceGetAttributes, nvml.nvmlDeviceGetGpuInstanceId, nvml.nvmlDeviceGetComputeInstanceId):
+        with pytest.raises(nvml.NVMLError_NotSupported):  # nvml.h: attributes are for MIG device handles only
+            call(whole)
+    with pytest.raises(nvml.NVMLError_InvalidArgument):
+        nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(whole)
+    with pytest.raises(nvml.NVMLError_InvalidArgument):
+        nvml.nvmlDeviceGetMigDeviceHandleByIndex(mig, 0)
+    assert host.compute_modes() == ["default"] * 3
+
+
+def test_a_destroyed_and_recreated_instance_has_a_new_uuid_and_the_old_handle_goes_invalid(nvml: ModuleType, use_host: Callable[..., Host]) -> None:
+    host = use_host("h100x1-mig.ini")
+    nvml.nvmlInit()
+    parent = nvml.nvmlDeviceGetHandleByIndex(0)
+    old = nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, 2))
+    last = nvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, 2)
+    host.replace(old, "MIG-00000000-1111-2222-3333-444444444444")
+    assert nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, 2)) == "MIG-00000000-1111-2222-3333-444444444444"
+    with pytest.raises(nvml.NVMLError_NotFound):
+        nvml.nvmlDeviceGetHandleByUUID(old)
+    # the instance destroyed: nvml.h says its handle must be requested again; the fake answers InvalidArgument
+    text = host.config.read_text(encoding="utf-8")
+    host.config.write_text(text[:text.index("[gpu0.mig2]")], encoding="utf-8")
+    with pytest.raises(nvml.NVMLError_InvalidArgument):
+        nvml.nvmlDeviceGetUUID(last)
+    with pytest.raises(nvml.NVMLError_NotFound):
+        nvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, 2)
+
+
+@pytest.mark.parametrize("breakage", [
+    ("[gpu0.mig1]", "[gpu0.mig5]"),                       # not contiguous
+    ("uuid = MIG-", "uuid = GPU-"),                       # a MIG UUID starts MIG-
+    ("profile = 2g.20gb", "profile = large"),             # not a profile name
+    ("mig_mode = enabled", "mig_mode = disabled"),        # MIG devices on a GPU without MIG
+    ("gpu_instance_id = 3", "gpu_instance_id = 2"),       # two devices on one (GI, CI)
+    ("memory_total_mib = 20096", "memory_total_mib = 99999"),  # more than the GPU has
+    ("multiprocessor_count = 32", "multiprocessor_count = 0"),
+    ("[gpu0.mig1]", "[gpu0.mig1]\nfail.nvmlDeviceGetUUID = 3"),  # faults are per GPU
+])
+def test_invalid_mig_sections_are_a_host_without_a_loaded_driver(breakage: tuple[str, str], nvml: ModuleType, use_host: Callable[..., Host]) -> None:
+    host = use_host("h100x1-mig.ini")
+    host.replace(*breakage)
+    with pytest.raises(nvml.NVMLError_DriverNotLoaded):
+        nvml.nvmlInit()
+
+
+def test_mig_uuid_used_twice_is_refused(nvml: ModuleType, use_host: Callable[..., Host]) -> None:
+    host = use_host("h100x1-mig.ini")
+    parser = ini(host.config)
+    host.replace(parser["gpu0.mig1"]["uuid"], parser["gpu0.mig0"]["uuid"])
+    with pytest.raises(nvml.NVMLError_DriverNotLoaded):
+        nvml.nvmlInit()
+
+
+def test_a_1c_profile_takes_its_slices_from_the_name(nvml: ModuleType, use_host: Callable[..., Host]) -> None:
+    host = use_host("h100x1-mig.ini")
+    host.replace("profile = 3g.40gb", "profile = 1c.3g.40gb")
+    nvml.nvmlInit()
+    attributes = nvml.nvmlDeviceGetAttributes(nvml.nvmlDeviceGetMigDeviceHandleByIndex(nvml.nvmlDeviceGetHandleByIndex(0), 0))
+    assert (attributes.gpuInstanceSliceCount, attributes.computeInstanceSliceCount) == (3, 1)
+
+
+@pytest.mark.parametrize("function", sorted(MIG_FUNCTIONS))
+def test_every_mig_function_returns_an_injected_fault_of_its_gpu(function: str, raw: ctypes.CDLL, use_host: Callable[..., Host]) -> None:
+    host = use_host("h100x1-mig.ini")
+    assert raw.nvmlInit_v2() == pynvml.NVML_SUCCESS
+    parent, mig = ctypes.c_void_p(), ctypes.c_void_p()
+    byref, c_uint = ctypes.byref, ctypes.c_uint
+    assert raw.nvmlDeviceGetHandleByIndex_v2(c_uint(0), byref(parent)) == pynvml.NVML_SUCCESS
+    assert raw.nvmlDeviceGetMigDeviceHandleByIndex(parent, c_uint(0), byref(mig)) == pynvml.NVML_SUCCESS
+    recipes = {
+        "nvmlDeviceGetMaxMigDeviceCount": lambda: raw.nvmlDeviceGetMaxMigDeviceCount(parent, byref(c_uint())),
+        "nvmlDeviceGetMigDeviceHandleByIndex": lambda: raw.nvmlDeviceGetMigDeviceHandleByIndex(parent, c_uint(0), byref(ctypes.c_void_p())),
+        "nvmlDeviceGetDeviceHandleFromMigDeviceHandle": lambda: raw.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig, byref(ctypes.c_void_p())),
+        "nvmlDeviceIsMigDeviceHandle": lambda: raw.nvmlDeviceIsMigDeviceHandle(mig, byref(c_uint())),
+        "nvmlDeviceGetGpuInstanceId": lambda: raw.nvmlDeviceGetGpuInstanceId(mig, byref(c_uint())),
+        "nvmlDeviceGetComputeInstanceId": lambda: raw.nvmlDeviceGetComputeInstanceId(mig, byref(c_uint())),
+        "nvmlDeviceGetAttributes_v2": lambda: raw.nvmlDeviceGetAttributes_v2(mig, byref(pynvml.c_nvmlDeviceAttributes())),
+    }
+    assert set(recipes) == MIG_FUNCTIONS
+    assert recipes[function]() == pynvml.NVML_SUCCESS
+    host.set_key("gpu0", f"fail.{function}", "NVML_ERROR_GPU_IS_LOST")
+    assert recipes[function]() == pynvml.NVML_ERROR_GPU_IS_LOST
+    raw.nvmlShutdown()
