@@ -9,7 +9,7 @@ import typing as t
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import MpsError
-from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import Gpu
+from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import DEFAULT_MIG_SLICES, Gpu, MigDevice, all_devices
 from ansible_collections.gpufleet.mps.plugins.module_utils._host.plan import plan_resources
 
 
@@ -17,19 +17,30 @@ def _gpu(fact: t.Mapping[str, t.Any]) -> Gpu:
     major, minor = (int(part) for part in str(fact['compute_capability']).split('.'))
     mig = fact.get('mig_mode')
     mig_current = None if not isinstance(mig, dict) else mig.get('current') == 'enabled'
-    return Gpu(int(fact['index']), str(fact['uuid']), str(fact['name']), int(fact['memory_total_mib']), (major, minor),
-               str(fact.get('compute_mode', 'default')), mig_current, None, None)
+    index = int(fact['index'])
+    migs = tuple(MigDevice(
+        index, str(m['uuid']), str(m.get('name', '')), int(m['memory_total_mib']), (major, minor), 'unsupported', None, None, None,
+        mig_index=int(m['index']), parent_uuid=str(fact['uuid']), profile=str(m.get('profile', '')),
+        gpu_instance_id=m.get('gpu_instance_id'), compute_instance_id=m.get('compute_instance_id'),
+        multiprocessor_count=m.get('multiprocessor_count'), gpu_instance_slices=m.get('gpu_instance_slices'),
+        compute_instance_slices=m.get('compute_instance_slices'), max_slices=DEFAULT_MIG_SLICES)
+        for m in fact.get('mig_devices') or [])
+    return Gpu(index, str(fact['uuid']), str(fact['name']), int(fact['memory_total_mib']), (major, minor),
+               str(fact.get('compute_mode', 'default')), mig_current, None, None, mig_devices=migs)
 
 
 def mps_plan(resources: t.Any, gpu_facts: t.Any) -> t.List[t.Dict[str, t.Any]]:
     """Every resource with its devices resolved to UUIDs and its replicas resolved for this host's GPU models.
 
     The same planner as the mps_host module (module_utils/_host/plan.py): an unknown key, a bad limit, a GPU in two
-    resources or in MIG mode is refused naming the resource and the key.
+    resources or in MIG mode is refused naming the resource and the key. MIG devices come from mps_info's
+    ``mig_devices`` of each GPU.
     """
     gpus = [_gpu(fact) for fact in gpu_facts or []]
     # mps_info's max_mps_clients knows the driver (60 on r590+); derive it only for older facts without it.
-    caps = {gpu.uuid: int(fact.get('max_mps_clients') or gpu.max_mps_clients) for gpu, fact in zip(gpus, gpu_facts or [])}
+    facts_by_uuid = {str(fact['uuid']): fact for fact in gpu_facts or []}
+    facts_by_uuid.update({str(m['uuid']): m for fact in gpu_facts or [] for m in fact.get('mig_devices') or []})
+    caps = {gpu.uuid: int(facts_by_uuid.get(gpu.uuid, {}).get('max_mps_clients') or gpu.max_mps_clients) for gpu in all_devices(gpus)}
     try:
         return [plan.as_dict() for plan in plan_resources(resources, gpus, 'mps_resources', caps)]
     except MpsError as exc:

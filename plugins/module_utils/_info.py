@@ -20,7 +20,7 @@ from ._protocol.framing import ControlClient, Reply
 from ._protocol.state import parse_state, state_commands
 from ._supervisor.process import DaemonState, inspect, read_pid_file
 from ._errors import DaemonTimeoutError, InvalidParameterError, MpsError, NvmlError
-from ._gpus import ENUMERATION_WARNING, MPS_ENUMERATION_VAR, Gpu, Nvml
+from ._gpus import ENUMERATION_WARNING, MPS_ENUMERATION_VAR, Gpu, Nvml, all_devices
 from ._io import untraversable_parents
 from ._resource.record import StartRecord, read_record
 from ._proc import child_pids, daemon_dev_shm, process_uid
@@ -174,11 +174,12 @@ class Collector:
         facts: t.Dict[str, t.Any] = {'nvml': nvml, 'control_binary': self.request.control_binary}
         if enumeration_set:
             self.warnings.append(ENUMERATION_WARNING)
-        if 'gpus' in self.request.gather:
-            facts['gpus'] = [gpu.facts() for gpu in gpus]
         if 'daemons' in self.request.gather:
             facts['daemons'] = self.daemons(gpus, nvml['available'])
             facts['other_daemons'] = self.other_daemons(gpus)
+        if 'gpus' in self.request.gather:
+            facts['gpus'] = [gpu.facts() for gpu in gpus]
+            self._mig_servers(facts['gpus'])
         facts['shm'] = self.shm()
         # Every resource this collection left something of, running or not: what a teardown must visit.
         facts['resources'] = sorted(set(scan_resources(self.request.root)) | set(scan_config(self.request.config_dir)))
@@ -197,6 +198,22 @@ class Collector:
         facts.update(mounted=state.mounted, size_kib=state.size_kib, options=state.flags)
         return facts
 
+    def _mig_servers(self, gpu_facts: t.List[t.Dict[str, t.Any]]) -> None:
+        """Say which resource of the root, and which running daemon, serves each MIG device (null: none)."""
+        migs = [mig for gpu in gpu_facts for mig in gpu['mig_devices']]
+        if not migs:
+            return
+        serving: t.Dict[str, t.Tuple[str, t.Optional[int]]] = {}
+        for paths in self._all_paths():
+            record = read_record(paths)
+            if record is None:
+                continue
+            state = inspect(paths)
+            for uuid in record.devices:
+                serving[uuid] = (paths.name, state.pid if state.running else None)
+        for mig in migs:
+            mig['resource'], mig['daemon_pid'] = serving.get(mig['uuid'], (None, None))
+
     # --- daemons ---------------------------------------------------------------------------------
     def _all_paths(self) -> t.List[ResourcePaths]:
         found = []
@@ -209,7 +226,7 @@ class Collector:
 
     def other_daemons(self, gpus: t.Sequence[Gpu]) -> t.List[t.Dict[str, t.Any]]:
         """The MPS control daemons of the host that are not under the root: another root's, hand-started, the device plugin's."""
-        by_uuid = {gpu.uuid: gpu for gpu in gpus}
+        by_uuid = {gpu.uuid: gpu for gpu in all_devices(gpus)}
         known, unreadable = foreign_daemons(None, gpus, outside=self.request.root)
         found = []
         for daemon in known + unreadable:
@@ -220,7 +237,7 @@ class Collector:
         return found
 
     def daemons(self, gpus: t.Sequence[Gpu], nvml_available: bool) -> t.List[t.Dict[str, t.Any]]:
-        by_uuid = {gpu.uuid: gpu for gpu in gpus}
+        by_uuid = {gpu.uuid: gpu for gpu in all_devices(gpus)}
         everything = self._all_paths()
         if self.request.name is None:
             reported = everything
@@ -246,7 +263,16 @@ class Collector:
         devices = []
         for ordinal, uuid in enumerate(uuids):
             gpu = by_uuid.get(uuid)
-            devices.append({'ordinal': ordinal, 'uuid': uuid, 'index': gpu.index if gpu else None})
+            device: t.Dict[str, t.Any] = {'ordinal': ordinal, 'uuid': uuid, 'index': gpu.index if gpu else None}
+            if uuid.upper().startswith('MIG-'):
+                device.update(mig=gpu.address if gpu else None, profile=getattr(gpu, 'profile', None))
+            devices.append(device)
+            if gpu is None and nvml_available and state.running:
+                self.warnings.append(
+                    '%s %s, which the MPS control daemon of %s was started on, is no longer reported by NVML%s' % (
+                        'MIG device' if uuid.upper().startswith('MIG-') else 'GPU', uuid, paths.name,
+                        ': its MIG instance was destroyed or re-created (new UUID); give the resource its new MIG device and '
+                        'run gpufleet.mps.mps_daemon or mps_host again' if uuid.upper().startswith('MIG-') else ''))
         persisted = read_persisted(config_paths(self.request.config_dir, paths.name))
         facts: t.Dict[str, t.Any] = {
             'name': paths.name,
@@ -345,7 +371,7 @@ class Collector:
             return
         for device in devices:
             gpu = by_uuid.get(device['uuid'])
-            if gpu is not None and gpu.compute_mode not in ('exclusive_process', 'unsupported'):
+            if gpu is not None and not gpu.is_mig and gpu.compute_mode not in ('exclusive_process', 'unsupported'):
                 self.warnings.append('GPU %d (%s) of the MPS control daemon of %s is in compute mode %s, not EXCLUSIVE_PROCESS: '
                                      'CUDA processes that bypass MPS can use it too' % (
                                          gpu.index, gpu.uuid, paths.name, gpu.compute_mode.upper()))

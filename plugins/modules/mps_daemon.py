@@ -91,7 +91,13 @@ options:
     description:
       - The GPUs of this resource - V(all), or a list of GPU indices, UUIDs (C(GPU-...)) or unique UUID prefixes, as
         C(nvidia-smi -L) shows them. The order sets the daemon's device ordinals (0, 1, ...).
-      - Whole GPUs only; a GPU with MIG enabled is refused.
+      - Or one MIG device - C(<gpu index>:<mig index>) (C(1:0) is C(MIG ... Device 0) under C(GPU 1) in C(nvidia-smi -L)),
+        its UUID (C(MIG-...)) or the legacy C(MIG-GPU-<gpu uuid>/<gpu instance>/<compute instance>). The daemon gets
+        C(CUDA_VISIBLE_DEVICES=MIG-<uuid>); its clients see the instance as device 0. A MIG device is its resource's only
+        device - NVIDIA runs MPS on MIG as one daemon per MIG device, and CUDA before driver R570 enumerates one MIG
+        device per process and no whole GPU beside it - so a second device next to it is refused.
+      - A whole GPU with MIG enabled is refused, the message listing its MIG devices. V(all) is every GPU not in MIG
+        mode; the GPUs in MIG mode it leaves out are named in a warning.
     type: raw
     default: all
   compute_mode:
@@ -99,6 +105,8 @@ options:
       - Compute mode set on the resource's GPUs before the daemon starts. NVIDIA recommends V(exclusive_process) under
         MPS, so that only the MPS server holds the GPU. V(unchanged) leaves the mode alone, also on stop.
       - The compute mode resets to DEFAULT at reboot; a run finds and repairs that without restarting the daemon.
+      - NVML has no compute mode for a MIG device (nor for a GPU in MIG mode): on a MIG device this option is not
+        applied, which RV(notes) and the diff say - the task does not fail.
     type: str
     choices: [exclusive_process, default, unchanged]
     default: exclusive_process
@@ -323,6 +331,22 @@ container:
       type: list
       elements: dict
       sample: [{source: /run/nvidia/mps/nvidia.com/gpu/pipe, target: /mps/nvidia.com/gpu/pipe}, {source: /run/nvidia/mps/shm, target: /dev/shm}]
+notes:
+  description: What the run did not do as asked, and why, without failing - a compute mode on a MIG device.
+  returned: always
+  type: list
+  elements: str
+  sample: ['compute mode EXCLUSIVE_PROCESS not applied: MIG device 1:0 (3g.40gb, MIG-67ea...) is a MIG device, ...']
+  version_added: 0.2.0
+gone:
+  description:
+    - The devices the daemon was started on that NVML no longer reports, each with its C(uuid) and a C(message) saying
+      what to do - typically a MIG instance destroyed, or re-created with a new UUID by re-partitioning. Also warned.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{uuid: MIG-4502df36-d355-dd53-45ab-861586d827ec, message: 'MIG device MIG-4502... no longer exists: ...'}]
+  version_added: 0.2.0
 actions:
   description: What was done (or, in check mode, would be done), in order.
   returned: always
@@ -385,6 +409,8 @@ def run(module):
         forced=outcome.forced,
         clients=outcome.clients,
         selinux=outcome.selinux,
+        notes=outcome.notes,
+        gone=outcome.gone,
     )
 
 

@@ -65,8 +65,12 @@ options:
         required: true
       devices:
         description:
-          - V(all) (every GPU of the host), or a list of GPU indices, UUIDs or unique UUID prefixes, in the daemon's
-            ordinal order.
+          - V(all) (every GPU of the host not in MIG mode; a warning names the GPUs in MIG mode it leaves out), or a list
+            of GPU indices, UUIDs or unique UUID prefixes, in the daemon's ordinal order.
+          - Or one MIG device - C(<gpu index>:<mig index>) as C(nvidia-smi -L) lists them, C(MIG-<uuid>) or the legacy
+            C(MIG-GPU-<uuid>/<gi>/<ci>) - as the resource's only device (one daemon per MIG device). A whole GPU in MIG
+            mode is refused, the message listing its MIG devices. No compute mode is set on a MIG device (NVML has
+            none); RV(resources) C(notes) says so. See M(gpufleet.mps.mps_daemon) O(gpufleet.mps.mps_daemon#module:devices).
         type: raw
         default: all
       multiuser:
@@ -78,6 +82,9 @@ options:
           - Clients per GPU - thread percentage C(100 // replicas) and pinned memory C(total_MiB // replicas) per GPU -
             as a number, or a mapping from GPU model as NVML names it (glob patterns allowed, matched in order) to a
             number, with a V(default) entry, so one list serves a mixed fleet. Explicit limits override it.
+          - For a MIG device the memory is the instance's own, the percentage is of the instance's SMs, and a key
+            matches its MIG profile (V("1g.10gb": 2), V("3g.40gb": 6)) or its full NVML name. The count may not exceed
+            the instance's client cap - the GPU's, lowered in proportion to the compute instance's slices.
         type: raw
       active_thread_percentage:
         description: Default active thread percentage, greater than 0 and at most 100. Not given - 100.
@@ -268,7 +275,9 @@ resources:
     - Every listed resource after the run - C(name), C(pid), C(running), C(healthy), C(devices) (index, uuid, name,
       ordinal), C(multiuser), C(replicas), C(env) (what a client sets), C(container) (the container view), C(limits)
       (C(persisted), the control C(commands) sent and the C(pending) servers that keep older limits), C(restarted),
-      C(changed), C(actions), C(started_at) and C(diff).
+      C(changed), C(actions), C(started_at), C(diff), C(notes) (what was not done as asked and why - a compute mode on
+      a MIG device) and C(gone) (recorded devices NVML no longer reports - a MIG instance destroyed or re-created -
+      each with what to do).
   returned: always
   type: list
   elements: dict

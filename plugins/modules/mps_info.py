@@ -196,6 +196,68 @@ gpus:
       description: Clients per GPU under MPS - 16 before Volta (compute capability 7.0), 48 from it on, 60 on drivers 590 and later (CUDA 13.1 documents 60).
       type: int
       sample: 48
+    mig_devices:
+      description:
+        - A GPU in MIG mode - its MIG devices (compute instances), in NVML's MIG index order; empty otherwise. Requested
+          with O(gather=gpus); who serves each is read from the start records under O(root).
+      type: list
+      elements: dict
+      version_added: 0.2.0
+      sample:
+        - index: 0
+          address: '1:0'
+          uuid: MIG-67eadff1-ba23-814c-c594-557b386eca73
+          name: NVIDIA H100 80GB HBM3 MIG 3g.40gb
+          profile: 3g.40gb
+          memory_total_mib: 40192
+          multiprocessor_count: 60
+          gpu_instance_id: 2
+          compute_instance_id: 0
+          gpu_instance_slices: 3
+          compute_instance_slices: 3
+          max_mps_clients: 20
+          parent_uuid: GPU-67c7eeb2-f9c6-245a-57be-0cbf01b4a96c
+          resource: infer-big
+          daemon_pid: 4182
+      contains:
+        index:
+          description: The MIG device index under its GPU (C(Device N) in C(nvidia-smi -L)).
+          type: int
+        address:
+          description: C(<gpu index>:<mig index>), the form a resource's C(devices) takes.
+          type: str
+        uuid:
+          description: The MIG device's UUID (C(MIG-...)), which its daemon's C(CUDA_VISIBLE_DEVICES) holds. A new one
+            each time the instance is created.
+          type: str
+        profile:
+          description: The MIG profile (C(1g.10gb), C(3g.40gb), C(1c.3g.40gb)...).
+          type: str
+        memory_total_mib:
+          description: The instance's own memory.
+          type: int
+        multiprocessor_count:
+          description: Its streaming multiprocessors; null when NVML does not say.
+          type: int
+        gpu_instance_id:
+          description: Its GPU instance; null when NVML does not say.
+          type: int
+        compute_instance_id:
+          description: Its compute instance within the GPU instance; null when NVML does not say.
+          type: int
+        compute_instance_slices:
+          description: The compute slices of its compute instance.
+          type: int
+        max_mps_clients:
+          description: The GPU's MPS client cap lowered in proportion to the compute instance (slices of the GPU's 7),
+            rounded down - NVIDIA's MIG user guide documents the proportion, not the rounding.
+          type: int
+        resource:
+          description: The resource under O(root) whose daemon was started on it; null when none.
+          type: str
+        daemon_pid:
+          description: The pid of that daemon while it runs; null otherwise.
+          type: int
 control_binary:
   description: The C(nvidia-cuda-mps-control) used to ask the daemons; null when it is not installed.
   returned: always

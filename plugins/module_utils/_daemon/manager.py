@@ -19,7 +19,7 @@ import typing as t
 from dataclasses import dataclass, field
 
 from .._errors import DeviceSelectionError, InvalidParameterError, MpsError
-from .._gpus import VOLTA_CC, Gpu, Nvml, resolve_devices
+from .._gpus import VOLTA_CC, Gpu, Nvml, all_devices, resolve_devices
 from .._outcome import Outcome
 from .._io import atomic_write, ensure_dir, read_text, refuse_unsafe_dirs, remove, untraversable_parents
 from .._proc import child_pids, daemon_dev_shm, process_uid
@@ -94,6 +94,10 @@ class DaemonOutcome(Outcome):
     selinux: t.Optional[t.Dict[str, t.Optional[str]]] = None
     # Whether a running daemon is (or would be) stopped and started again for this run's change.
     restarting: bool = False
+    # What the run could not do as asked and why, without failing (a compute mode on a MIG device).
+    notes: t.List[str] = field(default_factory=list)
+    # Recorded devices NVML no longer reports (a MIG instance destroyed or created again), with what to do.
+    gone: t.List[t.Dict[str, str]] = field(default_factory=list)
 
 
 def _now() -> str:
@@ -138,6 +142,8 @@ class ResourceManager:
         # Resources of the same root whose GPUs do not count as taken: mps_host plans a whole host, checks
         # that its listed resources share no GPU and stops removed and changed daemons before it starts any.
         self.ignore_owners: t.FrozenSet[str] = frozenset()
+        # Why the compute mode asked for is not applied (a MIG device); shown in the diff and the result.
+        self.compute_mode_note = ''
         # Why state=restarted was asked for, when the caller knows (mps_host: a limit only a restart drops).
         self.restart_reason = ''
 
@@ -177,12 +183,12 @@ class ResourceManager:
                 'devices: %s; one GPU served by two MPS control daemons breaks both (and stopping one resets the other\'s '
                 'compute mode). Stop that daemon (echo quit | CUDA_MPS_PIPE_DIRECTORY=<its pipe directory> '
                 'nvidia-cuda-mps-control) or choose other devices; nothing was done' % '; '.join(
-                    'GPU %d (%s) is served by another MPS control daemon: %s' % (gpu.index, gpu.uuid, daemon.describe())
+                    '%s is served by another MPS control daemon: %s' % (gpu.label, daemon.describe())
                     for gpu, daemon in taken))
         for daemon in unreadable:
             out.warnings.append('another MPS control daemon runs, %s, and this run cannot read its environment to tell which '
                                 'GPUs it serves (run as root): make sure it does not serve %s' % (
-                                    daemon.describe(), ', '.join('GPU %d' % gpu.index for gpu in devices)))
+                                    daemon.describe(), ', '.join(gpu.label for gpu in devices)))
 
     @property
     def dropin_path(self) -> str:
@@ -202,11 +208,13 @@ class ResourceManager:
         if foreground and self.supervisor != 'systemd':
             raise InvalidParameterError('foreground', 'needs supervisor=systemd (systemd keeps the foreground daemon and sends '
                                         'its output to the journal); a daemon this module starts itself must detach (-d)')
-        devices = resolve_devices(selectors, self.nvml.gpus())
-        mig = [gpu for gpu in devices if gpu.mig_enabled]
-        if mig:
-            raise DeviceSelectionError('devices: MIG is enabled on %s; run one daemon per MIG device instead of the whole GPU' % (
-                ', '.join('GPU %d (%s)' % (gpu.index, gpu.uuid) for gpu in mig)))
+        devices = resolve_devices(selectors, self.nvml.gpus(), warnings=self.pending_warnings)
+        if compute_mode != 'unchanged' and any(gpu.is_mig for gpu in devices):
+            # NVML refuses compute modes on MIG devices and on a GPU in MIG mode: MIG isolates the instance instead.
+            self.compute_mode_note = ('%s not applied: %s is a MIG device, and NVML has no compute mode for MIG devices (nor '
+                                      'for a GPU in MIG mode); the instance is isolated by MIG instead' % (
+                                          compute_mode.upper(), devices[0].label))
+            compute_mode = 'unchanged'
         old = [gpu for gpu in devices if gpu.compute_capability < VOLTA_CC]
         if multiuser and old:
             raise InvalidParameterError('multiuser', 'needs GPUs of compute capability 7.0 (Volta) or newer: %s %s older. The '
@@ -218,7 +226,7 @@ class ResourceManager:
         taken = [(gpu, owners[gpu.uuid]) for gpu in devices if gpu.uuid in owners]
         if taken:
             raise DeviceSelectionError('devices: %s already used by another MPS daemon under %s' % (
-                '; '.join('GPU %d (%s) by resource %r' % (gpu.index, gpu.uuid, owner) for gpu, owner in taken), self.paths.root))
+                '; '.join('%s by resource %r' % (gpu.label, owner) for gpu, owner in taken), self.paths.root))
         if shm and mounted_at(self.paths.shm_dir) is None:
             message = ('%s does not exist or is not mounted: mount the shared tmpfs with gpufleet.mps.mps_shm before '
                        'starting daemons with shm=true' % self.paths.shm_dir)
@@ -231,6 +239,26 @@ class ResourceManager:
                 '(RequiresMountsFor=, BindPaths=) and will fail to start after a reboot; mount it with '
                 'gpufleet.mps.mps_shm persist=systemd' % (self.paths.shm_dir, self.unit))
         return Wanted(devices, multiuser, self.supervisor, compute_mode, enabled, shm, foreground)
+
+    def _report_gone(self, record: t.Optional[StartRecord], out: 'DaemonOutcome') -> None:
+        """Name the devices the daemon was started on that NVML no longer reports: a MIG instance destroyed, or
+        destroyed and created again with a new UUID (nvidia-mig-parted re-partitioning). Nothing is reset for them."""
+        if record is None:
+            return
+        known = {gpu.uuid for gpu in all_devices(self.nvml.gpus())}
+        for uuid in record.devices:
+            if uuid in known:
+                continue
+            mig = uuid.upper().startswith('MIG-')
+            what = ('MIG device %s, which resource %r was started on, no longer exists: its instance was destroyed (or '
+                    're-created by re-partitioning, with a new UUID). The daemon%s clients on it fail. %s' % (
+                        uuid, self.paths.name, ' still runs, but' if self._own_pid else '\'s',
+                        'Give the resource its new MIG device (nvidia-smi -L lists them) and run again: the daemon restarts on '
+                        'it; or remove the resource. No compute mode or other GPU is touched for it.') if mig else
+                    'GPU %s, which resource %r was started on, is no longer reported by NVML (removed, fallen off the bus, or '
+                    'split into MIG devices)' % (uuid, self.paths.name))
+            out.gone.append({'uuid': uuid, 'message': what})
+            out.warnings.append(what)
 
     def describe(self, state: DaemonState, record: t.Optional[StartRecord]) -> t.Dict[str, t.Any]:
         """The before/after view used for diff."""
@@ -265,6 +293,8 @@ class ResourceManager:
         if mode == 'unchanged':
             return
         for gpu in devices:
+            if gpu.is_mig:
+                continue  # NVML has no compute mode for a MIG device (wanted() says so in the diff)
             if gpu.compute_mode != mode:
                 out.act('set compute mode %s on GPU %d (%s)' % (mode.upper(), gpu.index, gpu.uuid),
                         lambda gpu=gpu: self.nvml.set_compute_mode(gpu, mode))
@@ -482,7 +512,7 @@ class ResourceManager:
             # set the compute modes. Read the GPUs again under the lock, so only one run reports the change.
             self.nvml.refresh()
             if wanted is not None:
-                by_uuid = {gpu.uuid: gpu for gpu in self.nvml.gpus()}
+                by_uuid = {gpu.uuid: gpu for gpu in all_devices(self.nvml.gpus())}
                 wanted.devices = [by_uuid.get(gpu.uuid, gpu) for gpu in wanted.devices]
             out = self._ensure(state, wanted)
             out.apply()
@@ -509,6 +539,10 @@ class ResourceManager:
         else:
             self._ensure_running(state, wanted, current, record, out)
         out.after = {'state': state} if wanted is None else dict(wanted.record(), state='running')
+        if self.compute_mode_note and wanted is not None:
+            out.notes.append('compute mode ' + self.compute_mode_note)
+            out.before['compute_mode'] = out.after['compute_mode'] = 'not applicable (MIG device)'
+        self._report_gone(record, out)
         if out.selinux is not None:
             out.before['selinux_type'] = out.selinux['before']
             out.after['selinux_type'] = out.selinux['after']

@@ -93,6 +93,8 @@ class HostManager:
         self.config_dir = validate_root(params['config_dir'], 'config_dir')
         systemctl_path = shutil.which('systemctl')
         self.systemctl = Systemctl(systemctl_path) if systemctl_path and systemd_is_pid1() else None
+        # What the plan found worth saying without refusing (devices: all leaving out GPUs in MIG mode).
+        self.plan_warnings: t.List[str] = []
 
     # --- validation --------------------------------------------------------------------------------
     def _setup(self, name: str, state: str, plan: t.Optional[ResourcePlan]) -> DaemonSetup:
@@ -112,7 +114,7 @@ class HostManager:
     def validate(self, gpus: t.Sequence[Gpu]) -> t.Tuple[t.List[_Resource], t.List[_Resource]]:
         """(listed resources, resources to remove), every option checked; nothing read from a daemon, nothing changed."""
         p = self.params
-        plans = plan_resources(p['resources'], gpus, 'resources') if p['state'] == 'present' else []
+        plans = plan_resources(p['resources'], gpus, 'resources', warnings=self.plan_warnings) if p['state'] == 'present' else []
         if p['state'] == 'present':
             if p['shm']:
                 size_kib(p['shm_size'], param='shm_size')
@@ -186,6 +188,7 @@ class HostManager:
                 remove(os.path.join(self.root, READY_FILE))
             raise
         out.ui_processes = sum(res.setup.daemon.client.processes for res in listed + removed)
+        out.warnings[:0] = self.plan_warnings
         return out
 
     def _plan(self, listed: t.List[_Resource], removed: t.List[_Resource], ignore: t.FrozenSet[str]) -> HostOutcome:
@@ -371,6 +374,8 @@ class HostManager:
             'changed': bool((res.daemon and res.daemon.changed) or (limits and limits.changed)),
             'actions': (limits.actions if limits else []) + (res.daemon.actions if res.daemon else []),
             'started_at': res.daemon.started_at if res.daemon else None,
+            'notes': list(res.daemon.notes) if res.daemon else [],
+            'gone': list(res.daemon.gone) if res.daemon else [],
             'diff': {'before': dict(res.daemon.before if res.daemon else {}, limits=limits.before if limits else None),
                      'after': dict(res.daemon.after if res.daemon else {}, limits=limits.after if limits else None)},
         }

@@ -46,18 +46,25 @@ class ResourcePlan:
                 'pinned_device_mem_limit': self.pinned_device_mem_limit, 'has_limits': self.has_limits}
 
 
-def replicas_for(replicas: t.Any, gpu_name: str, param: str) -> t.Optional[int]:
-    """A number, or a mapping from GPU model (glob patterns allowed, matched in order) to a number with a default."""
+def replicas_for(replicas: t.Any, gpu_name: str, param: str, profile: str = '') -> t.Optional[int]:
+    """A number, or a mapping from GPU model or MIG profile (glob patterns allowed, matched in order) to a number with a default.
+
+    A MIG device (``profile`` given) matches a key by its profile (``1g.10gb``) or by its full name
+    (``NVIDIA A100-SXM4-80GB MIG 1g.10gb``); a whole GPU by its model name.
+    """
     if replicas is None or isinstance(replicas, int) and not isinstance(replicas, bool):
         return replicas
     if not isinstance(replicas, dict):
-        raise InvalidParameterError(param, 'must be a number or a mapping from GPU model to a number, got %r' % (replicas,))
+        raise InvalidParameterError(param, 'must be a number or a mapping from GPU model or MIG profile to a number, got %r' % (replicas,))
     for pattern, value in replicas.items():
-        if pattern != 'default' and fnmatch.fnmatchcase(gpu_name, str(pattern)):
+        if pattern == 'default':
+            continue
+        if profile and fnmatch.fnmatchcase(profile, str(pattern)) or fnmatch.fnmatchcase(gpu_name, str(pattern)):
             return value
     if 'default' in replicas:
         return replicas['default']
-    raise InvalidParameterError(param, 'no entry matches GPU model %r and there is no "default"' % gpu_name)
+    raise InvalidParameterError(param, 'no entry matches %s and there is no "default"' % (
+        'MIG profile %r (%s)' % (profile, gpu_name) if profile else 'GPU model %r' % gpu_name))
 
 
 def _entries(resources: t.Any, param: str, strict_keys: bool) -> t.Iterator[t.Tuple[t.Dict[str, t.Any], str]]:
@@ -80,23 +87,24 @@ def _entries(resources: t.Any, param: str, strict_keys: bool) -> t.Iterator[t.Tu
 
 
 def plan_resources(resources: t.Any, gpus: t.Sequence[Gpu], param: str = 'resources',
-                   caps: t.Optional[t.Mapping[str, int]] = None, strict_keys: bool = True) -> t.List[ResourcePlan]:
-    """Every resource with its devices resolved and its limits checked against its own GPUs, or a refusal."""
+                   caps: t.Optional[t.Mapping[str, int]] = None, strict_keys: bool = True,
+                   warnings: t.Optional[t.List[str]] = None) -> t.List[ResourcePlan]:
+    """Every resource with its devices resolved and its limits checked against its own GPUs, or a refusal.
+
+    ``warnings`` receives what is not wrong but worth saying (``devices: all`` leaving out GPUs in MIG mode).
+    """
     owner: t.Dict[str, str] = {}
     plans = []
     for resource, name in _entries(resources, param, strict_keys):
         where = '%s[%s]' % (param, name)
         devices = resource.get('devices')
-        chosen = resolve_devices('all' if devices is None else devices, gpus, param=where + '.devices')
-        mig = [gpu for gpu in chosen if gpu.mig_enabled]
-        if mig:
-            raise DeviceSelectionError('%s.devices: MIG is enabled on %s; a whole GPU in MIG mode cannot be given to a daemon' % (
-                where, ', '.join('GPU %d (%s)' % (gpu.index, gpu.uuid) for gpu in mig)))
+        chosen = resolve_devices('all' if devices is None else devices, gpus, param=where + '.devices', warnings=warnings)
         for gpu in chosen:
             if gpu.uuid in owner:
-                raise DeviceSelectionError('%s: GPU %d (%s) is in both %r and %r' % (param, gpu.index, gpu.uuid, owner[gpu.uuid], name))
+                raise DeviceSelectionError('%s: %s is in both %r and %r' % (param, gpu.label, owner[gpu.uuid], name))
             owner[gpu.uuid] = name
-        per_gpu = {replicas_for(resource.get('replicas'), gpu.name, where + '.replicas') for gpu in chosen}
+        per_gpu = {replicas_for(resource.get('replicas'), gpu.name, where + '.replicas', getattr(gpu, 'profile', ''))
+                   for gpu in chosen}
         if len(per_gpu) > 1:
             raise InvalidParameterError(where + '.replicas', 'its GPUs are of models with different replicas (%s); one daemon has '
                                         'one thread percentage - split the resource by model' % sorted(per_gpu, key=str))

@@ -19,7 +19,7 @@ from .._protocol.commands import check_applied, command
 from .._protocol.state import read_state
 from .._resource.lock import resource_lock
 from .._supervisor.process import Daemon, DaemonState, inspect
-from .._gpus import Gpu, resolve_devices
+from .._gpus import Gpu, all_devices, resolve_devices
 from .._io import ensure_dir, read_text, refuse_unsafe_dirs, remove
 from .._resource.record import read_record
 from .._proc import child_pids, uuids_from_environ
@@ -41,6 +41,9 @@ from .._resource.layout import ConfigPaths, ResourcePaths, managed_dirs
 from .._supervisor.unit import parse_env
 
 RUNNING_SERVERS_CHOICES = ('ignore', 'update')
+# Said of a recorded MIG device that NVML no longer reports.
+MIG_GONE = (': the MIG instance was destroyed (and perhaps created again, with a new UUID - nvidia-smi -L lists the current '
+            'ones); give the resource its new MIG device and run again, which restarts the daemon on it')
 
 
 @dataclass
@@ -113,18 +116,27 @@ class LimitsManager:
         self.scope_known = uuids is not None or state.running
         if uuids is None:
             if state.running:
-                return list(self.gpus), True, state.pid  # a daemon without CUDA_VISIBLE_DEVICES sees every GPU
+                return self._usable(), True, state.pid  # a daemon without CUDA_VISIBLE_DEVICES sees every GPU
             if read_persisted(self.config) is None and not create:
                 raise MpsError('name: resource %r has no daemon under %s and no persisted limits in %s; start it with '
                                'gpufleet.mps.mps_daemon first, or set create=true to persist limits for its first start'
                                % (self.paths.name, self.paths.root, self.config.config_dir))
-            return list(self.gpus), False, None
-        by_uuid = {gpu.uuid: gpu for gpu in self.gpus}
+            return self._usable(), False, None
+        by_uuid = {gpu.uuid: gpu for gpu in all_devices(self.gpus)}
         missing = [uuid for uuid in uuids if uuid not in by_uuid]
+        if missing and self.exact:
+            # mps_host restarts the daemon on the devices it is given now (the daemon manager names what is gone):
+            # the limits are checked against the devices that remain.
+            present = [by_uuid[uuid] for uuid in uuids if uuid in by_uuid]
+            return present or self._usable(), state.running, state.pid
         if missing:
-            raise DeviceSelectionError('the daemon of %r was started on %s, which NVML no longer reports' % (
-                self.paths.name, ', '.join(missing)))
+            raise DeviceSelectionError('the daemon of %r was started on %s, which NVML no longer reports%s' % (
+                self.paths.name, ', '.join(missing), MIG_GONE if any(uuid.upper().startswith('MIG-') for uuid in missing) else ''))
         return [by_uuid[uuid] for uuid in uuids], state.running, state.pid
+
+    def _usable(self) -> t.List[Gpu]:
+        """What a daemon of this host could be given: every GPU not in MIG mode, and every MIG device."""
+        return [gpu for gpu in all_devices(self.gpus) if not gpu.mig_enabled]
 
     # --- what is wanted ---------------------------------------------------------------------------
     def wanted(self, scope: t.Sequence[Gpu], percentage: t.Any, mem: t.Any, replicas: t.Any) -> Limits:
@@ -143,7 +155,7 @@ class LimitsManager:
             limits.active_thread_percentage = float(100 // replicas)
             # Every GPU of the host, not only the daemon's: the record stays the same whether or not the
             # daemon runs yet, and a device change of the daemon needs no new record.
-            limits.pinned_device_mem_limit = {gpu.uuid: gpu.memory_total_mib // replicas for gpu in self.gpus}
+            limits.pinned_device_mem_limit = {gpu.uuid: gpu.memory_total_mib // replicas for gpu in all_devices(self.gpus)}
         if percentage is not None:
             limits.active_thread_percentage = parse_wanted_percentage(percentage)
         if mem is not None:

@@ -79,9 +79,9 @@ def check_fits(mib_by_uuid: t.Mapping[str, int], gpus: t.Sequence[t.Any], param:
     for gpu in gpus:
         mib = mib_by_uuid.get(gpu.uuid, mib_by_uuid.get(EVERY_GPU))
         if mib is not None and mib > gpu.memory_total_mib:
-            raise InvalidParameterError(param, '%d MiB (%s) is more than GPU %d (%s, %s) has: %d MiB (%s); give at most %dM' % (
-                mib, _gib(mib), gpu.index, gpu.uuid, gpu.name, gpu.memory_total_mib, _gib(gpu.memory_total_mib),
-                gpu.memory_total_mib))
+            raise InvalidParameterError(param, '%d MiB (%s) is more than %s has: %d MiB (%s); give at most %dM' % (
+                mib, _gib(mib), 'GPU %d (%s, %s)' % (gpu.index, gpu.uuid, gpu.name) if not gpu.is_mig else gpu.label,
+                gpu.memory_total_mib, _gib(gpu.memory_total_mib), gpu.memory_total_mib))
 
 
 def parse_mem_limit(mem: t.Any, gpus: t.Sequence[t.Any], scope: t.Sequence[t.Any], param: str) -> t.Dict[str, int]:
@@ -99,10 +99,10 @@ def parse_mem_limit(mem: t.Any, gpus: t.Sequence[t.Any], scope: t.Sequence[t.Any
     for key, value in mem.items():
         gpu = resolve_devices([key], gpus, param=param)[0]
         if gpu.uuid not in scope_uuids:
-            raise InvalidParameterError(param, 'GPU %r (%d, %s) is not one of the daemon\'s GPUs (%s)' % (
-                key, gpu.index, gpu.uuid, ', '.join('%d' % g.index for g in scope)))
+            raise InvalidParameterError(param, '%r (%s) is not one of the daemon\'s devices (%s)' % (
+                key, gpu.label, ', '.join(g.address for g in scope)))
         if gpu.uuid in result:
-            raise InvalidParameterError(param, 'GPU %d (%s) is given twice' % (gpu.index, gpu.uuid))
+            raise InvalidParameterError(param, '%s is given twice' % gpu.label)
         result[gpu.uuid] = parse_size(value, '%s[%s]' % (param, key))
     return result
 
@@ -230,6 +230,8 @@ def check_replicas(replicas: t.Any, gpus: t.Sequence[t.Any], param: str = 'repli
     for gpu in gpus:
         cap = (caps or {}).get(gpu.uuid, gpu.max_mps_clients)
         if replicas > cap:
-            raise InvalidParameterError(param, '%d exceeds the %d MPS clients of GPU %d (%s, compute capability %d.%d)' % (
-                replicas, cap, gpu.index, gpu.name, gpu.compute_capability[0], gpu.compute_capability[1]))
+            raise InvalidParameterError(param, '%d exceeds the %d MPS clients of %s (%s, compute capability %d.%d)%s' % (
+                replicas, cap, gpu.label, gpu.name, gpu.compute_capability[0], gpu.compute_capability[1],
+                ': on MIG the clients of the GPU are lowered in proportion to the compute instance (%s of %s slices)' % (
+                    gpu.compute_instance_slices, gpu.max_slices) if gpu.is_mig else ''))
     return replicas

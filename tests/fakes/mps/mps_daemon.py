@@ -52,6 +52,9 @@ MAX_CLIENTS_R590 = 60
 DRIVER_60_CLIENTS = 590
 # control.log's third start line, `CUDA MPS Control binary version: <n>`, is seen from r580 on (section 7)
 DRIVER_BINARY_VERSION_LINE = 580
+# From R570 CUDA enumerates one compute instance per GPU instance (several MIG devices, whole GPUs beside
+# them); before it, one MIG device per process and no whole GPU once a MIG device is visible (MIG user guide) [C]
+DRIVER_MIG_PER_GI = 570
 
 
 class Gpu:  # pylint: disable=too-few-public-methods
@@ -60,6 +63,13 @@ class Gpu:  # pylint: disable=too-few-public-methods
     def __init__(self, index: int, uuid: str, name: str, memory_total_mib: int, cc_major: int, cc_minor: int,  # pylint: disable=too-many-positional-arguments
                  compute_mode: str = 'default', driver_major: int = 0) -> None:
         self.index = index
+        # A MIG device (set by load_gpus): its MIG index, GPU instance, compute instance, slices, the parent's slots
+        self.mig: Optional[tuple[int, int, int]] = None
+        self.ci_slices = 0
+        self.max_slices = 7
+        self.mig_devices: list['Gpu'] = []
+        self.mig_mode = False
+        self.parent_uuid = ''
         self.uuid = uuid
         self.name = name
         self.memory_total_mib = memory_total_mib
@@ -78,10 +88,17 @@ class Gpu:  # pylint: disable=too-few-public-methods
 
     @property
     def max_clients(self) -> int:
-        """MPS clients per GPU: 16 before Volta (compute capability 7.0), 48 from Volta on, 60 from driver r590."""
+        """MPS clients per GPU: 16 before Volta (compute capability 7.0), 48 from Volta on, 60 from driver r590.
+
+        On a MIG device the cap is "lowered proportionally to the Compute Instance size" (MIG user guide) [C];
+        rounded down, at least 1 [I].
+        """
         if self.pre_volta:
             return MAX_CLIENTS_PRE_VOLTA
-        return MAX_CLIENTS_R590 if self.driver_major >= DRIVER_60_CLIENTS else MAX_CLIENTS_VOLTA
+        cap = MAX_CLIENTS_R590 if self.driver_major >= DRIVER_60_CLIENTS else MAX_CLIENTS_VOLTA
+        if self.mig is not None:
+            return max(1, cap * self.ci_slices // self.max_slices)
+        return cap
 
     @property
     def compute_capability(self) -> str:
@@ -130,40 +147,89 @@ def load_gpus(path: Optional[str]) -> list[Gpu]:
             mem = int(sec.get('memory_total_mib', '0'))
         except ValueError:
             mem = 0
-        gpus.append(Gpu(index=index, uuid=sec.get('uuid', f'GPU-{index:08x}-0000-0000-0000-000000000000').strip(),
-                        name=sec.get('name', 'NVIDIA GPU').strip(), memory_total_mib=mem,
-                        cc_major=major, cc_minor=minor, compute_mode=sec.get('compute_mode', 'default').strip().lower(),
-                        driver_major=driver_major))
+        gpu = Gpu(index=index, uuid=sec.get('uuid', f'GPU-{index:08x}-0000-0000-0000-000000000000').strip(),
+                  name=sec.get('name', 'NVIDIA GPU').strip(), memory_total_mib=mem,
+                  cc_major=major, cc_minor=minor, compute_mode=sec.get('compute_mode', 'default').strip().lower(),
+                  driver_major=driver_major)
+        if sec.get('mig_mode', '').strip().lower() in ('enabled', 'true', 'yes', 'on', '1'):
+            gpu.mig_mode = True
+            gpu.mig_devices = _load_migs(parser, gpu, int(sec.get('max_mig_devices', '7')))
+        gpus.append(gpu)
         index += 1
     return gpus
 
 
+def _load_migs(parser: configparser.ConfigParser, gpu: Gpu, max_slices: int) -> list[Gpu]:
+    """The [gpuN.migM] sections of a GPU in MIG mode, as devices of their own (the fake NVML's format)."""
+    migs: list[Gpu] = []
+    while parser.has_section(f'gpu{gpu.index}.mig{len(migs)}'):
+        sec = parser[f'gpu{gpu.index}.mig{len(migs)}']
+        profile = sec.get('profile', '1g.10gb').strip()
+        match = re.fullmatch(r'(?:(\d+)c\.)?(\d+)g\.\d+gb', profile)
+        mig = Gpu(index=gpu.index, uuid=sec.get('uuid', '').strip(), name=f'{gpu.name} MIG {profile}',
+                  memory_total_mib=int(sec.get('memory_total_mib', '0')), cc_major=gpu.cc_major, cc_minor=gpu.cc_minor,
+                  compute_mode='default', driver_major=gpu.driver_major)
+        mig.mig = (len(migs), int(sec.get('gpu_instance_id', '0')), int(sec.get('compute_instance_id', '0')))
+        mig.ci_slices = int(sec.get('compute_instance_slices') or (match and (match.group(1) or match.group(2))) or 1)
+        mig.max_slices = max_slices
+        mig.parent_uuid = gpu.uuid
+        migs.append(mig)
+    return migs
+
+
 def _match_visible_entry(gpus: list[Gpu], entry: str) -> Optional[Gpu]:
+    if entry[:4].upper() == 'MIG-':
+        return _match_mig(gpus, entry)
     if re.fullmatch(r'\d+', entry):
         idx = int(entry)
-        return gpus[idx] if idx < len(gpus) else None
+        return gpus[idx] if idx < len(gpus) and not gpus[idx].mig_mode else None
     if entry[:4].upper() == 'GPU-':
         found = [g for g in gpus if g.uuid.lower().startswith(entry.lower())]
-        return found[0] if len(found) == 1 else None
+        return found[0] if len(found) == 1 and not found[0].mig_mode else None
+    return None
+
+
+def _match_mig(gpus: list[Gpu], entry: str) -> Optional[Gpu]:
+    """``MIG-<uuid>`` (drivers >= R470) or the legacy ``MIG-GPU-<gpu uuid>/<gi>/<ci>`` (R450/R460) [C]."""
+    legacy = re.fullmatch(r'MIG-(GPU-[0-9a-fA-F-]+)/(\d+)/(\d+)', entry)
+    for gpu in gpus:
+        for mig in gpu.mig_devices:
+            if legacy and gpu.uuid.lower() == legacy.group(1).lower() and mig.mig and mig.mig[1:] == (int(legacy.group(2)), int(legacy.group(3))):
+                return mig
+            if not legacy and mig.uuid.lower() == entry.lower():
+                return mig
     return None
 
 
 def visible_gpus(gpus: list[Gpu], cuda_visible_devices: Optional[str]) -> list[Gpu]:
     """Apply CUDA_VISIBLE_DEVICES as CUDA does.
 
-    Entries are indices, full UUIDs or unique UUID prefixes (``GPU-...``), in the
-    order given; the first invalid (unknown, ambiguous, duplicate) entry ends the
-    list.  Unset means every GPU; an empty string means none.
+    Entries are indices, full UUIDs or unique UUID prefixes (``GPU-...``) and MIG devices
+    (``MIG-...``), in the order given; the first invalid (unknown, ambiguous, duplicate) entry
+    ends the list.  Unset means every GPU not in MIG mode and, from R570, the first compute
+    instance of each GPU instance; an empty string means none. MIG rules of the MIG user guide
+    [C]: before R570 a process enumerates one MIG device only, and no whole GPU beside it; from
+    R570 one compute instance per GPU instance, whole GPUs too.
     """
     if cuda_visible_devices is None:
-        return list(gpus)
-    seen: list[Gpu] = []
-    for raw in cuda_visible_devices.split(','):
-        gpu = _match_visible_entry(gpus, raw.strip())
-        if gpu is None or gpu in seen:
-            break
-        seen.append(gpu)
-    return seen
+        seen = [device for gpu in gpus for device in (gpu.mig_devices if gpu.mig_mode else [gpu])]
+    else:
+        seen = []
+        for raw in cuda_visible_devices.split(','):
+            gpu = _match_visible_entry(gpus, raw.strip())
+            if gpu is None or gpu in seen:
+                break
+            seen.append(gpu)
+    migs = [gpu for gpu in seen if gpu.mig is not None]
+    if not migs:
+        return seen
+    if any(gpu.driver_major < DRIVER_MIG_PER_GI for gpu in migs):
+        return migs[:1]
+    first_per_gi: dict[tuple[str, int], Gpu] = {}
+    for mig in migs:
+        assert mig.mig is not None
+        first_per_gi.setdefault((mig.parent_uuid, mig.mig[1]), mig)
+    return [gpu for gpu in seen if gpu.mig is None or first_per_gi.get((gpu.parent_uuid, gpu.mig[1])) is gpu]
 
 
 # --------------------------------------------------------------------------

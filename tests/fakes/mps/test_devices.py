@@ -68,6 +68,7 @@ def test_shipped_nvml_configs_parse_when_present() -> None:
             loaded = mps_daemon.load_gpus(os.path.join(configs, name))
             assert loaded, name
             assert all(g.uuid.startswith('GPU-') for g in loaded), name
+            assert all(m.uuid.startswith('MIG-') for g in loaded for m in g.mig_devices), name
 
 
 def test_daemon_sees_its_visible_devices_in_cuda_order(host: SimHost) -> None:
@@ -205,3 +206,74 @@ def test_the_r590_config_gives_sixty_clients_per_gpu() -> None:
     path = os.path.join(os.path.dirname(__file__), '..', 'nvml', 'configs', 'h200x1-r590.ini')
     assert [(g.name, g.max_clients) for g in mps_daemon.load_gpus(path)] == [('NVIDIA H200', 60)]
     assert mps_daemon.driver_versions(mps_daemon.read_config(path)) == (590, '13010')
+
+
+# --------------------------------------------------------------------------
+# MIG devices ([gpuN.migM] sections of the fake NVML's config)
+# --------------------------------------------------------------------------
+
+MIG_GPU = 'GPU-7e1a0000-4444-4000-8000-000000000004'
+MIGS = ['MIG-7e1a0000-5555-4000-8000-00000000000a', 'MIG-7e1a0000-5555-4000-8000-00000000000b',
+        'MIG-7e1a0000-5555-4000-8000-00000000000c']
+
+
+def write_mig_ini(path: str, driver: str = '560.35.03') -> None:
+    """GPUS plus an H100 in MIG mode split into 3g.40gb (GI 2), 2g.20gb (GI 3) and 1g.10gb (GI 9)."""
+    write_ini(path, GPUS + [('NVIDIA H100 80GB HBM3', MIG_GPU, 81559, '9.0')], driver=driver)
+    text = open(path, encoding='utf-8').read().replace(f'uuid = {MIG_GPU}\nmemory_total_mib = 81559\ncompute_capability = 9.0\n'
+                                                        'mig_mode = disabled', f'uuid = {MIG_GPU}\nmemory_total_mib = 81559\n'
+                                                        'compute_capability = 9.0\nmig_mode = enabled')
+    for index, (profile, gi, mib) in enumerate([('3g.40gb', 2, 40192), ('2g.20gb', 3, 20096), ('1g.10gb', 9, 9984)]):
+        text += (f'\n[gpu4.mig{index}]\nprofile = {profile}\nuuid = {MIGS[index]}\ngpu_instance_id = {gi}\n'
+                 f'compute_instance_id = 0\nmemory_total_mib = {mib}\nmultiprocessor_count = 16\n')
+    with open(path, 'w', encoding='utf-8') as handle:
+        handle.write(text)
+
+
+@pytest.fixture(name='mig_gpus')
+def fixture_mig_gpus(tmp_path: os.PathLike) -> Callable[[str], list[mps_daemon.Gpu]]:
+    def load(driver: str = '560.35.03') -> list[mps_daemon.Gpu]:
+        path = os.path.join(tmp_path, f'mig-{driver}.ini')
+        write_mig_ini(path, driver)
+        return mps_daemon.load_gpus(path)
+    return load
+
+
+@pytest.mark.parametrize('cvd,driver,expected', [
+    (MIGS[1], '560.35.03', [MIGS[1]]),
+    (f'MIG-{MIG_GPU}/3/0', '560.35.03', [MIGS[1]]),            # the legacy form names GPU, GI and CI
+    (MIGS[1].upper(), '560.35.03', [MIGS[1]]),
+    (f'{MIGS[0]},{MIGS[2]}', '560.35.03', [MIGS[0]]),         # before R570: one MIG device per process
+    (f'{MIGS[0]},{MIGS[2]}', '570.86.15', [MIGS[0], MIGS[2]]),  # R570: one per GPU instance
+    (f'{UUIDS[0]},{MIGS[2]}', '560.35.03', [MIGS[2]]),        # before R570: no whole GPU beside a MIG device
+    (f'{UUIDS[0]},{MIGS[2]}', '570.86.15', [UUIDS[0], MIGS[2]]),
+    (MIG_GPU, '560.35.03', []),                               # the GPU in MIG mode is not a device itself [U]
+    ('4', '560.35.03', []),
+    ('MIG-7e1a0000', '560.35.03', []),                        # no prefixes for MIG UUIDs
+    (None, '560.35.03', [MIGS[0]]),
+    (None, '570.86.15', UUIDS + MIGS),
+])
+def test_mig_devices_in_cuda_visible_devices_follow_the_mig_user_guide(cvd: str, driver: str, expected: list[str],
+                                                                        mig_gpus: Callable[[str], list[mps_daemon.Gpu]]) -> None:
+    assert [g.uuid for g in mps_daemon.visible_gpus(mig_gpus(driver), cvd)] == expected
+
+
+def test_a_mig_device_has_its_own_memory_and_a_client_cap_scaled_by_its_slices(mig_gpus: Callable[[str], list[mps_daemon.Gpu]]) -> None:
+    migs = mig_gpus('560.35.03')[4].mig_devices
+    assert [(g.name, g.memory_total_mib, g.max_clients) for g in migs] == [
+        ('NVIDIA H100 80GB HBM3 MIG 3g.40gb', 40192, 20), ('NVIDIA H100 80GB HBM3 MIG 2g.20gb', 20096, 13),
+        ('NVIDIA H100 80GB HBM3 MIG 1g.10gb', 9984, 6)]
+    assert [g.max_clients for g in mig_gpus('590.44.01')[4].mig_devices] == [25, 17, 8]
+
+
+def test_a_daemon_on_a_mig_device_shows_it_as_device_0_and_caps_its_clients(host: SimHost) -> None:
+    write_mig_ini(host.ini)
+    host.start(env={'CUDA_VISIBLE_DEVICES': MIGS[2]})
+    assert host.out(['sim_devices']).splitlines() == [f'0 {MIGS[2]} 9.0 6 NVIDIA H100 80GB HBM3 MIG 1g.10gb']
+    clients = [host.client() for _attempt in range(6)]
+    info = clients[0].info()
+    assert [(d['ordinal'], d['uuid']) for d in info['devices']] == [(0, MIGS[2])]
+    for client in clients[1:]:
+        assert client.info()['ok'] is True
+    rc, out, _err = host.client().rest()
+    assert rc == 1 and '"CUDA_ERROR_MPS_MAX_CLIENTS_REACHED"' in out

@@ -54,7 +54,7 @@ def test_default_resource_takes_every_gpu_and_has_no_limits():
     ([{'name': 'a', 'devices': [0], 'pinned_device_mem_limit': {0: '20GB'}}], r'pinned_device_mem_limit\[0\]: \'20GB\' is ambiguous'),
     ([{'name': 'a', 'devices': [0], 'pinned_device_mem_limit': '20Gi'}], r"'20Gi' is not a size: a number and the unit M, MiB, G or GiB"),
     ([{'name': 'a', 'devices': [0], 'pinned_device_mem_limit': 20480}], r'20480 is not a size'),
-    ([{'name': 'a', 'devices': [0], 'pinned_device_mem_limit': {1: '1G'}}], r"GPU 1 \(1, GPU-00000002-0000\) is not one of the daemon's GPUs \(0\)"),
+    ([{'name': 'a', 'devices': [0], 'pinned_device_mem_limit': {1: '1G'}}], r"1 \(GPU 1 \(GPU-00000002-0000\)\) is not one of the daemon's devices \(0\)"),
     ([{'name': 'a', 'devices': [0], 'pinned_device_mem_limit': {0: '1G', 'GPU-00000001': '2G'}}], r'GPU 0 \(GPU-00000001-0000\) is given twice'),
     ([{'name': 'a', 'devices': [0], 'pinned_device_mem_limit': {}}], r'must be a size or a non-empty mapping'),
     ([{'name': 'a', 'devices': [0, 1], 'pinned_device_mem_limit': {1: '90G'}}], 'more than GPU 1'),

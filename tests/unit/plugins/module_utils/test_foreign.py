@@ -42,7 +42,7 @@ def _process(proc, pid, comm, argv, environ=None, uid=0):
     ('GPU-aaaa', [0]),                           # a unique prefix
     ('0,7,1', [0]),                              # CUDA stops at the first item that names no GPU
     ('GPU-bbbb,0', []),                          # an ambiguous prefix names none
-    ('MIG-GPU-aaaa1111-0000/1/0,2', [2]),        # a MIG device is not a whole GPU
+    ('MIG-GPU-aaaa1111-0000/1/0,2', []),         # a MIG device this host lacks names nothing: CUDA stops there
     (' 2 , 1 ', [2, 1]),
 ])
 def test_visible_devices_are_read_as_cuda_reads_them(value, indices):
