@@ -413,12 +413,13 @@ def resolve_devices(selectors: t.Union[str, t.Sequence[t.Union[str, int]]], gpus
         chosen.append(gpu)
     migs = [gpu for gpu in chosen if gpu.is_mig]
     if migs and len(chosen) > 1:
+        what = ('%s cannot share a resource' % ' and '.join(gpu.label for gpu in migs) if len(migs) > 1 else
+                '%s must be the only device of its resource (it is listed with %s)' % (
+                    migs[0].label, ', '.join(gpu.label for gpu in chosen if not gpu.is_mig)))
         raise DeviceSelectionError(
-            '%s: %s must be the only device of its resource (%s): MPS on MIG runs one control daemon per MIG device, and '
-            'CUDA before driver R570 enumerates a single MIG device per process and no whole GPU beside it (from R570, one '
-            'compute instance per GPU instance). Make one resource per MIG device' % (
-                param, ', '.join(gpu.label for gpu in migs),
-                'it is listed with %s' % ', '.join(gpu.label for gpu in chosen if gpu not in migs[:1])))
+            '%s: %s: MPS on MIG runs one control daemon per MIG device, and CUDA before driver R570 enumerates a single MIG '
+            'device per process and no whole GPU beside it (from R570, one compute instance per GPU instance). Make one '
+            'resource per MIG device' % (param, what))
     return chosen
 
 

@@ -26,11 +26,11 @@ if [ "$libdir" != "$dest/lib" ]; then
   ln -sfn "$libdir/libnvidia-ml.so.1" "$dest/lib/libnvidia-ml.so.1"
 fi
 # Each simulated host gets GPU UUIDs of its own (the last group derived from DEST), as two real hosts
-# would: the modules refuse a GPU that another MPS daemon on the host serves, found by the UUIDs in
+# would (MIG device UUIDs too): the modules refuse a GPU that another MPS daemon on the host serves, found by the UUIDs in
 # that daemon's CUDA_VISIBLE_DEVICES, and simulated hosts share one machine's processes.
 if [ ! -f "$dest/nvml.ini" ]; then
   suffix=$(printf '%s' "$dest" | sha256sum | cut -c1-12)
-  sed -E "s/^(uuid[[:space:]]*=[[:space:]]*GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-)[0-9a-fA-F]{12}/\\1$suffix/" \
+  sed -E "s/^(uuid[[:space:]]*=[[:space:]]*(GPU|MIG)-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-)[0-9a-fA-F]{12}/\\1$suffix/" \
     "$config" > "$dest/nvml.ini.tmp"
   mv -f "$dest/nvml.ini.tmp" "$dest/nvml.ini"
 fi

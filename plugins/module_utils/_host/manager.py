@@ -77,6 +77,8 @@ class _Resource:
     limits: t.Optional[t.Any] = None
     daemon: t.Optional[t.Any] = None
     restart: bool = False
+    # Recorded devices NVML no longer reports, found when the daemon was stopped for its restart.
+    gone: t.List[t.Dict[str, str]] = field(default_factory=list)
 
 
 class HostManager:
@@ -222,7 +224,9 @@ class HostManager:
             # The plan's restarts become a stop of every one of them before any start: GPU moves and swaps.
             for res in listed:
                 if res.restart:
-                    out.take(res.name, self._daemon(res, 'stopped', False, ignore))
+                    stopped = self._daemon(res, 'stopped', False, ignore)
+                    res.gone = list(stopped.gone)
+                    out.take(res.name, stopped)
                     res.setup.daemon.answered = False
         for res in listed:
             res.limits = self._limits(res, check_mode)
@@ -375,7 +379,7 @@ class HostManager:
             'actions': (limits.actions if limits else []) + (res.daemon.actions if res.daemon else []),
             'started_at': res.daemon.started_at if res.daemon else None,
             'notes': list(res.daemon.notes) if res.daemon else [],
-            'gone': list(res.daemon.gone) if res.daemon else [],
+            'gone': res.gone + [item for item in (res.daemon.gone if res.daemon else []) if item not in res.gone],
             'diff': {'before': dict(res.daemon.before if res.daemon else {}, limits=limits.before if limits else None),
                      'after': dict(res.daemon.after if res.daemon else {}, limits=limits.after if limits else None)},
         }

@@ -155,7 +155,7 @@ class LimitsManager:
             limits.active_thread_percentage = float(100 // replicas)
             # Every GPU of the host, not only the daemon's: the record stays the same whether or not the
             # daemon runs yet, and a device change of the daemon needs no new record.
-            limits.pinned_device_mem_limit = {gpu.uuid: gpu.memory_total_mib // replicas for gpu in all_devices(self.gpus)}
+            limits.pinned_device_mem_limit = {gpu.uuid: gpu.memory_total_mib // replicas for gpu in self._usable()}
         if percentage is not None:
             limits.active_thread_percentage = parse_wanted_percentage(percentage)
         if mem is not None:

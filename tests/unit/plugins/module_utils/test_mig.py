@@ -74,7 +74,7 @@ def test_mig_devices_by_uuid_and_legacy_form(mixed):
     (['1:5'], r'GPU 1 .* has no MIG device 5; its MIG devices are 1:0'),
     (['7:0'], r'there is no GPU with index 7'),
     (['MIG-00000000-1111-2222-3333-444444444444'], r'no MIG device is .*new UUID.*1:0 \(3g\.40gb'),
-    (['1:0', '1:1'], r'MIG device 1:0 .* must be the only device of its resource .*one control daemon per MIG device.*R570'),
+    (['1:0', '1:1'], r'MIG device 1:0 .* and MIG device 1:1 .* cannot share a resource: .*one control daemon per MIG device.*R570'),
     ([0, '1:2'], r'MIG device 1:2 .* must be the only device of its resource \(it is listed with GPU 0'),
     (['1:0', '1:0'], r'listed more than once'),
 ])
