@@ -105,7 +105,7 @@ options:
       - Compute mode set on the resource's GPUs before the daemon starts. NVIDIA recommends V(exclusive_process) under
         MPS, so that only the MPS server holds the GPU. V(unchanged) leaves the mode alone, also on stop.
       - The compute mode resets to DEFAULT at reboot; a run finds and repairs that without restarting the daemon.
-      - NVML has no compute mode for a MIG device (nor for a GPU in MIG mode): on a MIG device this option is not
+      - NVML has no compute mode for a MIG device (nor for a GPU in MIG mode). On a MIG device this option is not
         applied, which RV(notes) and the diff say - the task does not fail.
     type: str
     choices: [exclusive_process, default, unchanged]

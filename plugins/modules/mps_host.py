@@ -83,7 +83,7 @@ options:
             as a number, or a mapping from GPU model as NVML names it (glob patterns allowed, matched in order) to a
             number, with a V(default) entry, so one list serves a mixed fleet. Explicit limits override it.
           - For a MIG device the memory is the instance's own, the percentage is of the instance's SMs, and a key
-            matches its MIG profile (V("1g.10gb": 2), V("3g.40gb": 6)) or its full NVML name. The count may not exceed
+            matches its MIG profile (C(1g.10gb), C(3g.40gb), a glob) or its full NVML name. The count may not exceed
             the instance's client cap - the GPU's, lowered in proportion to the compute instance's slices.
         type: raw
       active_thread_percentage:

@@ -41,6 +41,21 @@ def _select(ids: str) -> list:
     return handles
 
 
+def _list_migs(handle) -> None:
+    """The MIG devices under a GPU in MIG mode, as the real ``nvidia-smi -L`` indents them (MIG user guide)."""
+    try:
+        slots = pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)
+    except pynvml.NVMLError:
+        return
+    for mig_index in range(slots):
+        try:
+            mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, mig_index)
+        except pynvml.NVMLError:
+            continue
+        profile = _text(pynvml.nvmlDeviceGetName(mig)).split(' MIG ', 1)[-1]
+        print('  MIG %-12s Device %2d: (UUID: %s)' % (profile, mig_index, _text(pynvml.nvmlDeviceGetUUID(mig))))
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog='nvidia-smi', add_help=True)
     parser.add_argument('-L', '--list-gpus', action='store_true')
@@ -59,6 +74,7 @@ def main(argv: list[str]) -> int:
             for index in range(pynvml.nvmlDeviceGetCount()):
                 handle = pynvml.nvmlDeviceGetHandleByIndex(index)
                 print('GPU %d: %s (UUID: %s)' % (index, _text(pynvml.nvmlDeviceGetName(handle)), _text(pynvml.nvmlDeviceGetUUID(handle))))
+                _list_migs(handle)
             return 0
         if args.query_gpu:
             if args.format != 'csv,noheader':

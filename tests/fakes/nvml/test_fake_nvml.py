@@ -965,3 +965,20 @@ def test_every_mig_function_returns_an_injected_fault_of_its_gpu(function: str, 
     host.set_key("gpu0", f"fail.{function}", "NVML_ERROR_GPU_IS_LOST")
     assert recipes[function]() == pynvml.NVML_ERROR_GPU_IS_LOST
     raw.nvmlShutdown()
+
+
+def test_the_gpu_mig_check_passes_on_the_fake_and_skips_without_mig(make_host: Callable[..., Host], tmp_path: Path) -> None:
+    """tests/gpu/mig_check.py holds the fake to what a real MIG host must answer (its NVML part, without MPS)."""
+    script = CONFIGS.parent.parent.parent / "gpu" / "mig_check.py"
+    host = make_host("mig-mixed.ini")
+    env = host.env(PATH="/usr/bin:/bin")
+    proc = subprocess.run([sys.executable, str(script), "--no-mps", "--json", str(tmp_path / "mig.json")], env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((tmp_path / "mig.json").read_text(encoding="utf-8"))
+    assert report["checks"] and all(item["ok"] for item in report["checks"]), [i for i in report["checks"] if not i["ok"]]
+    assert len([m for g in report["gpus"] for m in g["migs"] if m["rc"] == 0]) == 3
+    plain = make_host("h100x4.ini")
+    proc = subprocess.run([sys.executable, str(script)], env=plain.env(PATH="/usr/bin:/bin"), capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 0 and proc.stdout.startswith("SKIP: no GPU in MIG mode"), proc.stdout + proc.stderr
