@@ -32,7 +32,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from typing import Any, Dict, List, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -163,8 +162,9 @@ def check(gpus: List[Dict[str, Any]], smi: Dict[str, Dict[str, Any]]) -> List[Di
             expect(where + ': compute mode on a MIG handle is NOT_SUPPORTED', 'I', mig['compute_mode_rc'] == NOT_SUPPORTED, mig['compute_mode_rc'])
             expect(where + ': persistence on a MIG handle is NOT_SUPPORTED', 'I', mig['persistence_rc'] == NOT_SUPPORTED, mig['persistence_rc'])
             gi, ci = mig.get('gi_slices'), mig.get('ci_slices')
-            expect(where + ': the profile\'s slices are the attributes\'', 'I', re.fullmatch(r'(?:%sc\.)?%sg\.\d+gb' % (ci if ci != gi else '\\d+', gi), profile)
-                   is not None if gi else False, [profile, gi, ci])
+            pattern = r'(?:%sc\.)?%sg\.\d+gb' % (ci if ci != gi else '\\d+', gi)
+            expect(where + ': the profile\'s slices are the attributes\'', 'I', bool(gi) and re.fullmatch(pattern, profile) is not None,
+                   [profile, gi, ci])
             listed = smi.get(mig['uuid'] or '')
             if smi:
                 expect(where + ': nvidia-smi -L lists it as Device <MIG index> under its GPU', 'I',
@@ -194,8 +194,9 @@ def mps_on_mig(mig: Dict[str, Any], cap: Optional[int], base: str) -> Dict[str, 
     clients: List[subprocess.Popen] = []
     try:
         for number in range((cap or 0) + 1 if cap else 1):
-            proc = subprocess.Popen([sys.executable, os.path.join(HERE, 'cuda_client.py')], env=env, stdin=subprocess.PIPE,  # pylint: disable=consider-using-with
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            proc = subprocess.Popen(  # pylint: disable=consider-using-with
+                [sys.executable, os.path.join(HERE, 'cuda_client.py')], env=env, stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             clients.append(proc)
             line = proc.stdout.readline() if proc.stdout else ''
             reply = json.loads(line) if line.strip().startswith('{') else {'ok': False, 'raw': line}

@@ -601,7 +601,12 @@ class ResourceManager:
         and ``<root>/.ready`` (the fleet role's) belong to the collection and are not named.
         """
         gone = set(self._would_remove)
-        ours = {os.path.join(self.paths.root, name.split('/')[0]) for name in scan_resources(self.paths.root)}
+        ours: t.Set[str] = set()
+        # Every resource of the root, one whose logs alone are left (pruned, logs kept) included, at both levels
+        # of a nested name (example.com/infer): its directory is this collection's, not a foreign file.
+        for name in scan_resources(self.paths.root, with_logs=True):
+            ours.add(os.path.join(self.paths.root, name.split('/')[0]))
+            ours.add(os.path.join(self.paths.root, name))
         ours |= {os.path.join(self.paths.root, SHM_DIR), os.path.join(self.paths.root, '.ready'), self.paths.log_dir}
         ours |= {os.path.join(self.paths.resource_dir, name) for name in ('pipe', RESOURCE_LOCK)}
         for name in scan_config(self.config.config_dir):

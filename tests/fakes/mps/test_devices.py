@@ -220,9 +220,10 @@ MIGS = ['MIG-7e1a0000-5555-4000-8000-00000000000a', 'MIG-7e1a0000-5555-4000-8000
 def write_mig_ini(path: str, driver: str = '560.35.03') -> None:
     """GPUS plus an H100 in MIG mode split into 3g.40gb (GI 2), 2g.20gb (GI 3) and 1g.10gb (GI 9)."""
     write_ini(path, GPUS + [('NVIDIA H100 80GB HBM3', MIG_GPU, 81559, '9.0')], driver=driver)
-    text = open(path, encoding='utf-8').read().replace(f'uuid = {MIG_GPU}\nmemory_total_mib = 81559\ncompute_capability = 9.0\n'
-                                                        'mig_mode = disabled', f'uuid = {MIG_GPU}\nmemory_total_mib = 81559\n'
-                                                        'compute_capability = 9.0\nmig_mode = enabled')
+    with open(path, encoding='utf-8') as handle:
+        text = handle.read()
+    head = f'uuid = {MIG_GPU}\nmemory_total_mib = 81559\ncompute_capability = 9.0\n'
+    text = text.replace(head + 'mig_mode = disabled', head + 'mig_mode = enabled')
     for index, (profile, gi, mib) in enumerate([('3g.40gb', 2, 40192), ('2g.20gb', 3, 20096), ('1g.10gb', 9, 9984)]):
         text += (f'\n[gpu4.mig{index}]\nprofile = {profile}\nuuid = {MIGS[index]}\ngpu_instance_id = {gi}\n'
                  f'compute_instance_id = 0\nmemory_total_mib = {mib}\nmultiprocessor_count = 16\n')
@@ -253,8 +254,8 @@ def fixture_mig_gpus(tmp_path: os.PathLike) -> Callable[[str], list[mps_daemon.G
     (None, '560.35.03', [MIGS[0]]),
     (None, '570.86.15', UUIDS + MIGS),
 ])
-def test_mig_devices_in_cuda_visible_devices_follow_the_mig_user_guide(cvd: str, driver: str, expected: list[str],
-                                                                        mig_gpus: Callable[[str], list[mps_daemon.Gpu]]) -> None:
+def test_mig_devices_in_cuda_visible_devices_follow_the_mig_user_guide(
+        cvd: str, driver: str, expected: list[str], mig_gpus: Callable[[str], list[mps_daemon.Gpu]]) -> None:
     assert [g.uuid for g in mps_daemon.visible_gpus(mig_gpus(driver), cvd)] == expected
 
 
