@@ -20,14 +20,23 @@ def local_facts(plan: t.Sequence[t.Mapping[str, t.Any]], daemons: t.Sequence[t.A
                 root: str) -> t.Dict[str, t.Any]:
     """One entry per planned resource (``mps_plan`` form), with its GPUs, limits as persisted and client environment."""
     by_name = {daemon.get('name'): daemon for daemon in daemons if isinstance(daemon, dict)}
-    by_uuid = {gpu.get('uuid'): gpu for gpu in gpus if isinstance(gpu, dict)}
+    by_uuid: t.Dict[t.Any, t.Dict[str, t.Any]] = {}
+    for gpu in gpus:
+        if not isinstance(gpu, dict):
+            continue
+        by_uuid[gpu.get('uuid')] = {key: gpu.get(key) for key in GPU_KEYS}
+        for mig in gpu.get('mig_devices') or []:
+            # A MIG device: its GPU's index, its own UUID, name and memory, and its address and profile.
+            by_uuid[mig.get('uuid')] = {'index': gpu.get('index'), 'uuid': mig.get('uuid'), 'name': mig.get('name'),
+                                        'memory_total_mib': mig.get('memory_total_mib'), 'mig': mig.get('address'),
+                                        'profile': mig.get('profile')}
     resources = []
     for entry in plan:
         daemon = by_name.get(entry['name'], {})
         persisted = (daemon.get('limits') or {}).get('persisted') or {}
         resources.append({
             'name': entry['name'],
-            'devices': [{key: by_uuid[uuid].get(key) for key in GPU_KEYS} for uuid in entry['devices'] if uuid in by_uuid],
+            'devices': [dict(by_uuid[uuid]) for uuid in entry['devices'] if uuid in by_uuid],
             'multiuser': bool(entry.get('multiuser')),
             'replicas': entry.get('replicas'),
             'active_thread_percentage': persisted.get('active_thread_percentage'),
