@@ -381,6 +381,8 @@ daemons:
       description:
         - The daemon's GPUs from its start record, in its device ordinal order, with their host index (null when the GPU
           is not found through NVML). Empty without a record.
+        - A MIG device also has C(mig) (its address, C(1:0); null when NVML no longer reports it - the instance was
+          destroyed or re-created, which a warning says) and C(profile).
       type: list
       elements: dict
       sample: [{ordinal: 0, uuid: GPU-6a2b5c1e-0000-4000-8000-000000000000, index: 0}]
