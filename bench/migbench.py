@@ -74,7 +74,10 @@ class Host:
 
     def mps_host(self, **extra: t.Any) -> t.Tuple[t.Dict[str, t.Any], float, float, int]:
         before = _lines(self.calls)
-        result, wall, cpu = _run([sys.executable, self.module, json.dumps({'ANSIBLE_MODULE_ARGS': dict(self.args, **extra)})], self.env)
+        args_file = os.path.join(self.dir, 'args.json')  # a file: the arguments are too long for the command line form
+        with open(args_file, 'w', encoding='utf-8') as handle:
+            json.dump({'ANSIBLE_MODULE_ARGS': dict(self.args, **extra)}, handle)
+        result, wall, cpu = _run([sys.executable, self.module, args_file], self.env)
         return result, wall, cpu, _lines(self.calls) - before
 
 
