@@ -816,7 +816,8 @@ class DaemonSetup:
             raise InvalidParameterError('busy', 'must be one of %s' % ', '.join(BUSY_CHOICES))
         devices = params['devices']
         if not (devices == 'all' or isinstance(devices, list)):
-            raise InvalidParameterError('devices', 'must be "all" or a list of GPU indices, UUIDs or unique UUID prefixes')
+            raise InvalidParameterError('devices', 'must be "all" or a list of GPU indices, UUIDs or unique UUID prefixes, '
+                                        'or of one MIG device (<gpu index>:<mig index> or MIG-<uuid>)')
         log_mode = validate_log_mode(params['log_mode'])
         leaving = params['state'] in ('stopped', 'absent')
         # A resource that an older version accepted (a pipe directory of 88 to 99 bytes) can still be stopped and removed.

@@ -175,3 +175,25 @@ def test_a_whole_gpu_is_never_given_a_compute_mode_through_a_mig_device(mixed):
 def test_a_gpu_is_not_a_mig_device():
     gpu = Gpu(0, 'GPU-x', 'H100', 81559, (9, 0), 'default', False, False, True)
     assert not gpu.is_mig and gpu.address == '0' and gpu.label == 'GPU 0 (GPU-x)'
+
+
+def test_a_mig_resource_under_systemd_sets_no_compute_mode_and_pins_the_mig_uuid(mixed, tmp_path):
+    """The unit's ExecStartPre sets a compute mode only when MPS_COMPUTE_MODE is set: empty for a MIG device."""
+    from ansible_collections.gpufleet.mps.plugins.module_utils._daemon.manager import DaemonSetup, ResourceManager  # pylint: disable=import-outside-toplevel
+    gpus, parser = mixed
+    params = dict(root=str(tmp_path / 'root'), config_dir=str(tmp_path / 'etc'), control_binary='/bin/true', name='infer',
+                  state='started', devices=['1:0'], multiuser=False, compute_mode='exclusive_process', supervisor='none',
+                  start_timeout=5, stop_timeout=5, busy='refuse', busy_timeout=5, log_mode='0755', shm=False,
+                  container_root='/mps', selinux_type='')
+    setup = DaemonSetup.from_params(params, lambda given: given)
+    with Nvml() as nvml:
+        manager = ResourceManager(setup.paths, setup.config, setup.daemon, nvml, 'systemd', True, unit_dir=str(tmp_path / 'units'))
+        wanted = manager.wanted(['1:0'], False, 'exclusive_process', True)
+        env = manager._env_values(wanted)  # pylint: disable=protected-access
+    assert wanted.compute_mode == 'unchanged'
+    assert 'EXCLUSIVE_PROCESS not applied: MIG device 1:0 (3g.40gb' in manager.compute_mode_note
+    assert env['CUDA_VISIBLE_DEVICES'] == parser['gpu1.mig0']['uuid'] == gpus[1].mig_devices[0].uuid
+    assert env['MPS_COMPUTE_MODE'] == ''
+    whole = ResourceManager(setup.paths, setup.config, setup.daemon, Nvml(), 'systemd', True, unit_dir=str(tmp_path / 'units'))
+    with whole.nvml:
+        assert whole._env_values(whole.wanted([0], False, 'exclusive_process', True))['MPS_COMPUTE_MODE'] == 'EXCLUSIVE_PROCESS'  # pylint: disable=protected-access
