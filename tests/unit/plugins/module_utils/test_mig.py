@@ -196,4 +196,5 @@ def test_a_mig_resource_under_systemd_sets_no_compute_mode_and_pins_the_mig_uuid
     assert env['MPS_COMPUTE_MODE'] == ''
     whole = ResourceManager(setup.paths, setup.config, setup.daemon, Nvml(), 'systemd', True, unit_dir=str(tmp_path / 'units'))
     with whole.nvml:
-        assert whole._env_values(whole.wanted([0], False, 'exclusive_process', True))['MPS_COMPUTE_MODE'] == 'EXCLUSIVE_PROCESS'  # pylint: disable=protected-access
+        values = whole._env_values(whole.wanted([0], False, 'exclusive_process', True))  # pylint: disable=protected-access
+    assert values['MPS_COMPUTE_MODE'] == 'EXCLUSIVE_PROCESS'
