@@ -369,8 +369,8 @@ class Nvml:
 
     def set_compute_mode(self, gpu: Gpu, mode: str) -> None:
         """Set ``mode`` (a key of COMPUTE_MODES) on ``gpu`` (never a MIG device: NVML refuses compute modes there)."""
-        if gpu.is_mig:
-            raise NvmlError('%s: compute modes do not apply to a MIG device' % gpu.label)
+        if gpu.is_mig or gpu.mig_enabled:
+            raise NvmlError('%s: compute modes do not apply to a %s' % (gpu.label, 'MIG device' if gpu.is_mig else 'GPU in MIG mode'))
         try:
             self._lib.nvmlDeviceSetComputeMode(self.handle(gpu.index), COMPUTE_MODES[mode])
         except self._lib.NVMLError as exc:
@@ -432,7 +432,13 @@ def _resolve_one(selector: t.Union[str, int], gpus: t.Sequence[Gpu], param: str)
         for gpu in gpus:
             if gpu.index == index:
                 return _whole(gpu, param)
-        raise DeviceSelectionError('%s: there is no GPU with index %d (this host has %d: 0-%d)' % (param, index, len(gpus), len(gpus) - 1))
+        hint = ''
+        if isinstance(selector, int) and index >= 60:
+            # YAML 1.1 reads an unquoted 1:0 as the base-60 number 60.
+            hint = '; an unquoted %d:%d is read by YAML as the number %d - quote MIG addresses ("%d:%d")' % (
+                index // 60, index % 60, index, index // 60, index % 60)
+        raise DeviceSelectionError('%s: there is no GPU with index %d (this host has %d: 0-%d)%s' % (
+            param, index, len(gpus), len(gpus) - 1, hint))
     address = _ADDRESS.fullmatch(text)
     if address:
         return _mig_at(gpus, int(address.group(1)), int(address.group(2)), param)
@@ -519,6 +525,8 @@ def visible_gpus(value: t.Optional[str], gpus: t.Sequence[Gpu]) -> t.List[Gpu]:
             found = []
         if len(found) != 1:
             break
-        if found[0] not in chosen:
-            chosen.append(found[0])
+        # A GPU in MIG mode named by index or UUID: what CUDA makes of it is not documented; claim its MIG devices too.
+        for device in [found[0]] + list(found[0].mig_devices):
+            if device not in chosen:
+                chosen.append(device)
     return chosen

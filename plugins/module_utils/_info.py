@@ -383,8 +383,8 @@ class Collector:
         for uuid, names in sorted(gpu_claims({name: record for name, record in live.items() if record is not None}).items()):
             if len(names) > 1 and reported.intersection(names):
                 gpu = by_uuid.get(uuid)
-                self.warnings.append('GPU %s%s is claimed by more than one MPS control daemon under %s: %s' % (
-                    '%d ' % gpu.index if gpu else '', '(%s)' % uuid if gpu else uuid, self.request.root, ', '.join(sorted(names))))
+                self.warnings.append('%s is claimed by more than one MPS control daemon under %s: %s' % (
+                    gpu.label if gpu else 'GPU %s' % uuid, self.request.root, ', '.join(sorted(names))))
 
 
 def _last_pid(paths: ResourcePaths) -> str:

@@ -261,7 +261,9 @@ log_dir:
   type: str
   sample: /run/nvidia/mps/nvidia.com/gpu/log
 devices:
-  description: The resource's GPUs in the daemon's ordinal order; empty when stopped.
+  description:
+    - The resource's GPUs in the daemon's ordinal order; empty when stopped.
+    - A MIG device also has C(mig) (its address, C(1:0)) and C(profile); its C(index) is its GPU's.
   returned: always
   type: list
   elements: dict

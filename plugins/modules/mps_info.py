@@ -230,6 +230,15 @@ gpus:
           description: The MIG device's UUID (C(MIG-...)), which its daemon's C(CUDA_VISIBLE_DEVICES) holds. A new one
             each time the instance is created.
           type: str
+        name:
+          description: NVML's name for it, C(<GPU name> MIG <profile>).
+          type: str
+        parent_uuid:
+          description: Its GPU's UUID.
+          type: str
+        gpu_instance_slices:
+          description: The slices of its GPU instance.
+          type: int
         profile:
           description: The MIG profile (C(1g.10gb), C(3g.40gb), C(1c.3g.40gb)...).
           type: str

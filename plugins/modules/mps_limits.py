@@ -48,7 +48,7 @@ options:
   pinned_device_mem_limit:
     description:
       - Default pinned device memory limit - one size for every GPU of the daemon, or a mapping from host GPU index or
-        UUID to a size.
+        UUID (or, for a daemon on a MIG device, its address C(1:0) or C(MIG-) UUID) to a size.
       - A size is a whole or decimal number followed, without a space, by one of the units V(M), V(MiB), V(G) or
         V(GiB), in any case - for example V(20G), V(20GiB), V(20480M), V(20480MiB) or V(1.5G). M and MiB are 2^20
         bytes, G and GiB 2^30, as MPS itself reads them. A size must come to a whole number of MiB, at least 1
@@ -70,6 +70,8 @@ options:
         C(total_MiB // replicas), as NVIDIA's device plugin computes them. Explicit O(active_thread_percentage) and
         O(pinned_device_mem_limit) override the computed values.
       - At most the GPU's MPS client limit - 16 before compute capability 7.0 (Volta), 48 from it on, 60 on drivers 590 and later.
+        On a MIG device the memory is the instance's and the limit is the GPU's lowered in proportion to the compute
+        instance's slices (a 1g device of an H100 takes 6).
         Before the first start of a new resource (its GPUs not known yet) it is refused only when no GPU of the host
         takes that many.
     type: int

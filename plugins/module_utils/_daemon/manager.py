@@ -30,7 +30,7 @@ from .._resource.layout import (
 from .._resource.lock import RESOURCE_LOCK
 from .._resource.record import StartRecord, read_record, write_record
 from .._resource.scan import ForeignDaemon, foreign_daemons, gpu_claims, live_daemons, scan_config, scan_resources
-from .._resource.store import read_persisted, read_replay, write_replay
+from .._resource.store import persist, read_persisted, read_replay, write_replay
 from .._selinux import enabled as selinux_enabled, plan_type, validate_type as validate_selinux_type
 from .._shm import check_unit_path, mounted_at, shm_persisted
 from .._supervisor.process import LOCK_FILE, LOG_FILES, PID_FILE, PIPE_DIR_FILES, Daemon, DaemonState, inspect
@@ -240,7 +240,7 @@ class ResourceManager:
                 'gpufleet.mps.mps_shm persist=systemd' % (self.paths.shm_dir, self.unit))
         return Wanted(devices, multiuser, self.supervisor, compute_mode, enabled, shm, foreground)
 
-    def _report_gone(self, record: t.Optional[StartRecord], out: 'DaemonOutcome') -> None:
+    def _report_gone(self, record: t.Optional[StartRecord], wanted: t.Optional[Wanted], out: 'DaemonOutcome') -> None:
         """Name the devices the daemon was started on that NVML no longer reports: a MIG instance destroyed, or
         destroyed and created again with a new UUID (nvidia-mig-parted re-partitioning). Nothing is reset for them."""
         if record is None:
@@ -249,14 +249,20 @@ class ResourceManager:
         for uuid in record.devices:
             if uuid in known:
                 continue
-            mig = uuid.upper().startswith('MIG-')
-            what = ('MIG device %s, which resource %r was started on, no longer exists: its instance was destroyed (or '
-                    're-created by re-partitioning, with a new UUID). The daemon%s clients on it fail. %s' % (
-                        uuid, self.paths.name, ' still runs, but' if self._own_pid else '\'s',
-                        'Give the resource its new MIG device (nvidia-smi -L lists them) and run again: the daemon restarts on '
-                        'it; or remove the resource. No compute mode or other GPU is touched for it.') if mig else
-                    'GPU %s, which resource %r was started on, is no longer reported by NVML (removed, fallen off the bus, or '
-                    'split into MIG devices)' % (uuid, self.paths.name))
+            if wanted is not None:
+                then = 'The daemon restarts on %s.' % ', '.join(gpu.label for gpu in wanted.devices)
+            elif self._own_pid:
+                then = 'The daemon is stopped; nothing is reset for the device.'
+            else:
+                then = 'Nothing is reset for it.'
+            if uuid.upper().startswith('MIG-'):
+                what = ('MIG device %s, which resource %r was started on, no longer exists: its instance was destroyed (or '
+                        're-created by re-partitioning, with a new UUID), and clients of the daemon on it fail. %s%s' % (
+                            uuid, self.paths.name, then, '' if wanted is not None else
+                            ' To serve the new instance, list the resource with its MIG device (nvidia-smi -L lists them).'))
+            else:
+                what = 'GPU %s, which resource %r was started on, is no longer reported by NVML (removed, or fallen off the bus). %s' % (
+                    uuid, self.paths.name, then)
             out.gone.append({'uuid': uuid, 'message': what})
             out.warnings.append(what)
 
@@ -293,8 +299,10 @@ class ResourceManager:
         if mode == 'unchanged':
             return
         for gpu in devices:
-            if gpu.is_mig:
-                continue  # NVML has no compute mode for a MIG device (wanted() says so in the diff)
+            if gpu.is_mig or gpu.mig_enabled:
+                # NVML has no compute mode for a MIG device (wanted() says so in the diff), nor for a GPU in MIG mode (one
+                # whose MIG mode was enabled under a running daemon: it is given back as it is).
+                continue
             if gpu.compute_mode != mode:
                 out.act('set compute mode %s on GPU %d (%s)' % (mode.upper(), gpu.index, gpu.uuid),
                         lambda gpu=gpu: self.nvml.set_compute_mode(gpu, mode))
@@ -361,6 +369,22 @@ class ResourceManager:
         uuids = [gpu.uuid for gpu in wanted.devices]
         if limits is None:
             return read_replay(self.config)
+        unset = [gpu for gpu in wanted.devices if limits.mem_for(gpu.uuid) is None]
+        by_uuid = {gpu.uuid: gpu for gpu in all_devices(self.nvml.gpus())}
+        from_replicas = bool(limits.replicas) and bool(limits.pinned_device_mem_limit) and all(
+            uuid in by_uuid and mib == by_uuid[uuid].memory_total_mib // limits.replicas  # type: ignore[operator]
+            for uuid, mib in limits.pinned_device_mem_limit.items() if uuid in by_uuid) and any(
+            uuid in by_uuid for uuid in limits.pinned_device_mem_limit)
+        if unset and from_replicas and limits.replicas:
+            # Limits from replicas were persisted per device UUID: a device that came after them (a MIG instance
+            # re-created with a new UUID) gets its share the same way, and the record says so.
+            for gpu in unset:
+                limits.pinned_device_mem_limit[gpu.uuid] = gpu.memory_total_mib // limits.replicas
+            out.warnings.append('the persisted limits of %s had no pinned memory limit for %s: %s from replicas=%d' % (
+                self.paths.name, ', '.join(gpu.label for gpu in unset), ', '.join(
+                    '%dM' % limits.pinned_device_mem_limit[gpu.uuid] for gpu in unset), limits.replicas))
+            out.act('write %s' % self.config.limits_json, lambda: (
+                ensure_dir(self.config.config_dir, 0o755), persist(self.config, limits, check_mode=False)))
         if write_replay(self.config, limits, uuids, check_mode=True):
             out.act('write %s for the new device order' % self.config.limits_file, lambda: (
                 ensure_dir(self.config.config_dir, 0o755), write_replay(self.config, limits, uuids, check_mode=False)))
@@ -542,7 +566,7 @@ class ResourceManager:
         if self.compute_mode_note and wanted is not None:
             out.notes.append('compute mode ' + self.compute_mode_note)
             out.before['compute_mode'] = out.after['compute_mode'] = 'not applicable (MIG device)'
-        self._report_gone(record, out)
+        self._report_gone(record, wanted, out)
         if out.selinux is not None:
             out.before['selinux_type'] = out.selinux['before']
             out.after['selinux_type'] = out.selinux['after']
@@ -694,8 +718,8 @@ class ResourceManager:
             claims = self.foreign()[0]
             for gpu in wanted.devices:
                 if gpu.uuid in claims:
-                    out.warnings.append('GPU %d (%s) of %s is also served by another MPS control daemon, %s: stop one of '
-                                        'them' % (gpu.index, gpu.uuid, self.paths.name, claims[gpu.uuid].describe()))
+                    out.warnings.append('%s of %s is also served by another MPS control daemon, %s: stop one of '
+                                        'them' % (gpu.label, self.paths.name, claims[gpu.uuid].describe()))
             self._set_compute_modes(wanted.devices, wanted.compute_mode, out)
             if self.supervisor == 'systemd':
                 self._install_unit(wanted, out)

@@ -152,6 +152,7 @@ class HostManager:
         manager = LimitsManager(res.setup.paths, res.setup.config, res.setup.daemon if running else None, self.nvml.gpus(),
                                 check_mode)
         manager.exact = True
+        manager.planned = list(plan.devices)
         return manager.ensure(plan.active_thread_percentage, plan.pinned_device_mem_limit, plan.replicas, 'ignore', True, True)
 
     def _daemon(self, res: _Resource, state: str, check_mode: bool, ignore: t.FrozenSet[str]) -> t.Any:

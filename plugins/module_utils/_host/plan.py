@@ -49,18 +49,19 @@ class ResourcePlan:
 def replicas_for(replicas: t.Any, gpu_name: str, param: str, profile: str = '') -> t.Optional[int]:
     """A number, or a mapping from GPU model or MIG profile (glob patterns allowed, matched in order) to a number with a default.
 
-    A MIG device (``profile`` given) matches a key by its profile (``1g.10gb``) or by its full name
-    (``NVIDIA A100-SXM4-80GB MIG 1g.10gb``); a whole GPU by its model name.
+    A MIG device (``profile`` given) matches a key by its profile (``1g.10gb``), every key tried so first, then by its
+    full name (``NVIDIA A100-SXM4-80GB MIG 1g.10gb``); a whole GPU by its model name.
     """
     if replicas is None or isinstance(replicas, int) and not isinstance(replicas, bool):
         return replicas
     if not isinstance(replicas, dict):
         raise InvalidParameterError(param, 'must be a number or a mapping from GPU model or MIG profile to a number, got %r' % (replicas,))
-    for pattern, value in replicas.items():
-        if pattern == 'default':
-            continue
-        if profile and fnmatch.fnmatchcase(profile, str(pattern)) or fnmatch.fnmatchcase(gpu_name, str(pattern)):
-            return value
+    # A MIG device: every key by its profile first, then by its full name - so that a GPU model glob listed before a
+    # profile ("NVIDIA H100*" before "1g.10gb") does not catch the MIG devices of that model.
+    for name in ([profile] if profile else []) + [gpu_name]:
+        for pattern, value in replicas.items():
+            if pattern != 'default' and fnmatch.fnmatchcase(name, str(pattern)):
+                return value
     if 'default' in replicas:
         return replicas['default']
     raise InvalidParameterError(param, 'no entry matches %s and there is no "default"' % (

@@ -43,7 +43,8 @@ from .._supervisor.unit import parse_env
 RUNNING_SERVERS_CHOICES = ('ignore', 'update')
 # Said of a recorded MIG device that NVML no longer reports.
 MIG_GONE = (': the MIG instance was destroyed (and perhaps created again, with a new UUID - nvidia-smi -L lists the current '
-            'ones); give the resource its new MIG device and run again, which restarts the daemon on it')
+            'ones); start the resource on its new MIG device first (gpufleet.mps.mps_daemon, or mps_host and the fleet role, '
+            'which do both in one run), then set its limits')
 
 
 @dataclass
@@ -90,6 +91,9 @@ class LimitsManager:
         # Exact (declarative) limits, as mps_host manages them: what is not given is not wanted - no inheritance from
         # the persisted record, a thread percentage not given is 100, a memory limit not given is none.
         self.exact = False
+        # mps_host: the devices the plan gives the resource. When the daemon runs on others (a GPU move, a MIG instance
+        # re-created), it restarts on these: the limits are checked and persisted for them, not sent to the old daemon.
+        self.planned: t.Optional[t.List[Gpu]] = None
         self.restart_reasons: t.List[str] = []
 
     # --- what the daemon has ----------------------------------------------------------------------
@@ -111,6 +115,9 @@ class LimitsManager:
             # the commands file for that device order: keep the file right for it.
             listed = parse_env(read_text(self.config.env_file) or '').get('CUDA_VISIBLE_DEVICES')
             uuids = listed.split(',') if listed else None
+        if self.exact and self.planned is not None and uuids is not None and [gpu.uuid for gpu in self.planned] != list(uuids):
+            self.order_known = self.scope_known = True
+            return list(self.planned), False, None
         # The device order the commands file must follow is known (else the next start writes it).
         self.order_known = uuids is not None
         self.scope_known = uuids is not None or state.running
@@ -124,11 +131,6 @@ class LimitsManager:
             return self._usable(), False, None
         by_uuid = {gpu.uuid: gpu for gpu in all_devices(self.gpus)}
         missing = [uuid for uuid in uuids if uuid not in by_uuid]
-        if missing and self.exact:
-            # mps_host restarts the daemon on the devices it is given now (the daemon manager names what is gone):
-            # the limits are checked against the devices that remain.
-            present = [by_uuid[uuid] for uuid in uuids if uuid in by_uuid]
-            return present or self._usable(), state.running, state.pid
         if missing:
             raise DeviceSelectionError('the daemon of %r was started on %s, which NVML no longer reports%s' % (
                 self.paths.name, ', '.join(missing), MIG_GONE if any(uuid.upper().startswith('MIG-') for uuid in missing) else ''))

@@ -539,7 +539,10 @@ class Daemon:
         self.listeners: list[socket.socket] = []
         self.wake_r, self.wake_w = -1, -1
         self.finished = threading.Event()
-        self.replied = threading.Event()
+        # UI sessions that sent quit and have not had their answer yet: the process ends only when every one has
+        # (two quits both return, as on a real daemon)
+        self.quit_sessions = 0
+        self.replied = threading.Condition()
         self.commands: dict[str, Callable[[list[str], bool], Optional[str]]] = {
             name: getattr(self, method) for name, method in UI_COMMANDS.items()}
         self.privileged_commands = {
@@ -748,7 +751,8 @@ class Daemon:
                 threading.Thread(target=self.handle_conn, args=(conn,), daemon=True).start()
         self.finish()
         self.finished.set()
-        self.replied.wait(5.0)  # let the quitting UI get its answer before the process ends
+        with self.replied:  # let every quitting UI get its answer before the process ends
+            self.replied.wait_for(lambda: self.quit_sessions == 0, 5.0)
 
     def finish(self) -> None:
         """Clean exit after quit: remove the files FAKE_MPS_QUIT_REMOVES names, release the lock."""
@@ -822,6 +826,10 @@ class Daemon:
             if not isinstance(msg.get('cmd'), str):
                 continue
             line = msg['cmd']
+            is_quit = line.split()[:1] == ['quit']
+            if is_quit:
+                with self.replied:
+                    self.quit_sessions += 1
             self.log(f'Cmd:{line}')
             if self.cfg.fault_kill_on and line.split()[:1] == [self.cfg.fault_kill_on]:
                 self.fault_kill()
@@ -841,8 +849,14 @@ class Daemon:
                     conn.close()
                 except OSError:
                     pass
-                self.replied.set()
+                with self.replied:
+                    self.quit_sessions -= 1
+                    self.replied.notify_all()
                 return
+            if is_quit:  # rejected (usage): answered like any command
+                with self.replied:
+                    self.quit_sessions -= 1
+                    self.replied.notify_all()
             send_msg(conn, {'out': out or ''})
 
     @staticmethod

@@ -65,7 +65,8 @@ def test_compute_mode_set_in_one_session_is_seen_by_the_next(gpu_host):
 
 def test_setting_compute_mode_on_a_mig_gpu_names_the_gpu(gpu_host):
     gpu_host('mixed.ini')
-    with Nvml() as nvml, pytest.raises(NvmlError, match=r'GPU 1 \(GPU-.*Not Supported'):
+    # refused before NVML is asked (NVML would answer Not Supported)
+    with Nvml() as nvml, pytest.raises(NvmlError, match=r'GPU 1 \(GPU-.*\): compute modes do not apply to a GPU in MIG mode'):
         nvml.set_compute_mode(nvml.gpus()[1], 'exclusive_process')
 
 

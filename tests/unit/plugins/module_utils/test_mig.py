@@ -198,3 +198,21 @@ def test_a_mig_resource_under_systemd_sets_no_compute_mode_and_pins_the_mig_uuid
     with whole.nvml:
         values = whole._env_values(whole.wanted([0], False, 'exclusive_process', True))  # pylint: disable=protected-access
     assert values['MPS_COMPUTE_MODE'] == 'EXCLUSIVE_PROCESS'
+
+
+def test_a_profile_key_wins_over_a_model_glob_listed_before_it(mixed):
+    table = {'NVIDIA H100*': 8, '1g.10gb': 2}
+    assert replicas_for(table, 'NVIDIA H100 80GB HBM3 MIG 1g.10gb', 'r', '1g.10gb') == 2
+    assert replicas_for(table, 'NVIDIA H100 80GB HBM3 MIG 3g.40gb', 'r', '3g.40gb') == 8  # no profile key: the model's
+    assert replicas_for(table, 'NVIDIA H100 80GB HBM3', 'r') == 8
+
+
+def test_an_unquoted_mig_address_read_by_yaml_as_a_number_gets_a_hint(mixed):
+    gpus, _parser = mixed
+    with pytest.raises(DeviceSelectionError, match=r'no GPU with index 60 .*an unquoted 1:0 is read by YAML as the number 60 - quote'):
+        resolve_devices([60], gpus)
+
+
+def test_another_daemon_on_a_gpu_in_mig_mode_claims_its_mig_devices(mixed):
+    gpus, _parser = mixed
+    assert [gpu.address for gpu in visible_gpus('1', gpus)] == ['1', '1:0', '1:1', '1:2']
