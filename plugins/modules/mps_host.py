@@ -273,8 +273,9 @@ msg:
 resources:
   description:
     - Every listed resource after the run - C(name), C(pid), C(running), C(healthy), C(devices) (index, uuid, name,
-      ordinal; a MIG device also C(mig) and C(profile), its index being its GPU's), C(multiuser), C(replicas), C(env) (what a client sets), C(container) (the container view), C(limits)
-      (C(persisted), the control C(commands) sent and the C(pending) servers that keep older limits), C(restarted),
+      ordinal; a MIG device also C(mig) and C(profile), its index being its GPU's), C(multiuser), C(replicas), C(env)
+      (what a client sets), C(container) (the container view), C(limits) (C(persisted), the control C(commands) sent
+      and the C(pending) servers that keep older limits), C(restarted),
       C(changed), C(actions), C(started_at), C(diff), C(notes) (what was not done as asked and why - a compute mode on
       a MIG device) and C(gone) (recorded devices NVML no longer reports - a MIG instance destroyed or re-created -
       each with what to do).
