@@ -369,20 +369,11 @@ class ResourceManager:
         uuids = [gpu.uuid for gpu in wanted.devices]
         if limits is None:
             return read_replay(self.config)
-        unset = [gpu for gpu in wanted.devices if limits.mem_for(gpu.uuid) is None]
-        by_uuid = {gpu.uuid: gpu for gpu in all_devices(self.nvml.gpus())}
-        from_replicas = bool(limits.replicas) and bool(limits.pinned_device_mem_limit) and all(
-            uuid in by_uuid and mib == by_uuid[uuid].memory_total_mib // limits.replicas  # type: ignore[operator]
-            for uuid, mib in limits.pinned_device_mem_limit.items() if uuid in by_uuid) and any(
-            uuid in by_uuid for uuid in limits.pinned_device_mem_limit)
-        if unset and from_replicas and limits.replicas:
-            # Limits from replicas were persisted per device UUID: a device that came after them (a MIG instance
-            # re-created with a new UUID) gets its share the same way, and the record says so.
-            for gpu in unset:
-                limits.pinned_device_mem_limit[gpu.uuid] = gpu.memory_total_mib // limits.replicas
+        added = limits.add_replica_shares(wanted.devices, all_devices(self.nvml.gpus()))
+        if added:
             out.warnings.append('the persisted limits of %s had no pinned memory limit for %s: %s from replicas=%d' % (
-                self.paths.name, ', '.join(gpu.label for gpu in unset), ', '.join(
-                    '%dM' % limits.pinned_device_mem_limit[gpu.uuid] for gpu in unset), limits.replicas))
+                self.paths.name, ', '.join(gpu.label for gpu in added), ', '.join(
+                    '%dM' % limits.pinned_device_mem_limit[gpu.uuid] for gpu in added), limits.replicas))
             out.act('write %s' % self.config.limits_json, lambda: (
                 ensure_dir(self.config.config_dir, 0o755), persist(self.config, limits, check_mode=False)))
         if write_replay(self.config, limits, uuids, check_mode=True):

@@ -200,6 +200,24 @@ class Limits:
         """No limit at all: the MPS defaults (100 %, no pinned memory limit)."""
         return self.active_thread_percentage is None and not self.pinned_device_mem_limit
 
+    def add_replica_shares(self, devices: t.Sequence[t.Any], known: t.Sequence[t.Any]) -> t.List[t.Any]:
+        """Give each of ``devices`` without a pinned memory limit its share of ``replicas``; the devices given one.
+
+        Limits from replicas are persisted per device UUID, so a device that came after them (a MIG instance re-created
+        with a new UUID) has none. Only when every persisted size of a device still ``known`` is that device's share
+        (sizes given explicitly are never extended).
+        """
+        if not self.replicas or not self.pinned_device_mem_limit:
+            return []
+        by_uuid = {gpu.uuid: gpu for gpu in known}
+        shares = [(by_uuid[uuid], mib) for uuid, mib in self.pinned_device_mem_limit.items() if uuid in by_uuid]
+        if not shares or any(mib != gpu.memory_total_mib // self.replicas for gpu, mib in shares):
+            return []
+        added = [gpu for gpu in devices if self.mem_for(gpu.uuid) is None]
+        for gpu in added:
+            self.pinned_device_mem_limit[gpu.uuid] = gpu.memory_total_mib // self.replicas
+        return added
+
     def mem_for(self, uuid: str) -> t.Optional[int]:
         return self.pinned_device_mem_limit.get(uuid, self.pinned_device_mem_limit.get(EVERY_GPU))
 

@@ -216,3 +216,16 @@ def test_an_unquoted_mig_address_read_by_yaml_as_a_number_gets_a_hint(mixed):
 def test_another_daemon_on_a_gpu_in_mig_mode_claims_its_mig_devices(mixed):
     gpus, _parser = mixed
     assert [gpu.address for gpu in visible_gpus('1', gpus)] == ['1', '1:0', '1:1', '1:2']
+
+
+def test_a_re_created_instance_gets_its_replicas_share_only_when_the_sizes_were_shares():
+    from ansible_collections.gpufleet.mps.plugins.module_utils._limits.model import Limits  # pylint: disable=import-outside-toplevel
+    new = MigDevice(1, 'MIG-new', 'H100 MIG', 20096, (9, 0), 'unsupported', None, None, None)
+    other = MigDevice(1, 'MIG-other', 'H100 MIG', 9984, (9, 0), 'unsupported', None, None, None)
+    # 'MIG-gone' is the destroyed instance's share: no longer known, so not compared
+    shares = Limits(50.0, {'MIG-gone': 5000, 'MIG-other': 4992}, 2)
+    assert [gpu.uuid for gpu in shares.add_replica_shares([new], [new, other])] == ['MIG-new']
+    assert shares.pinned_device_mem_limit['MIG-new'] == 10048
+    explicit = Limits(50.0, {'MIG-other': 3000}, 2)  # a size given explicitly: not a share, never extended
+    assert explicit.add_replica_shares([new], [new, other]) == [] and 'MIG-new' not in explicit.pinned_device_mem_limit
+    assert Limits(50.0, {}, 2).add_replica_shares([new], [new]) == []
