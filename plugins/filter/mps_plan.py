@@ -9,7 +9,7 @@ import typing as t
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import MpsError
-from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import DEFAULT_MIG_SLICES, Gpu, MigDevice, all_devices
+from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import Gpu, MigDevice, all_devices
 from ansible_collections.gpufleet.mps.plugins.module_utils._host.plan import plan_resources
 
 
@@ -23,7 +23,7 @@ def _gpu(fact: t.Mapping[str, t.Any]) -> Gpu:
         mig_index=int(m['index']), parent_uuid=str(fact['uuid']), profile=str(m.get('profile', '')),
         gpu_instance_id=m.get('gpu_instance_id'), compute_instance_id=m.get('compute_instance_id'),
         multiprocessor_count=m.get('multiprocessor_count'), gpu_instance_slices=m.get('gpu_instance_slices'),
-        compute_instance_slices=m.get('compute_instance_slices'), max_slices=DEFAULT_MIG_SLICES)
+        compute_instance_slices=m.get('compute_instance_slices'))
         for m in fact.get('mig_devices') or [])
     return Gpu(index, str(fact['uuid']), str(fact['name']), int(fact['memory_total_mib']), (major, minor),
                str(fact.get('compute_mode', 'default')), mig_current, None, None, mig_devices=migs)

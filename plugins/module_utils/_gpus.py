@@ -44,7 +44,6 @@ R590_CLIENTS = 60
 R590 = 590
 # MIG (NVIDIA's MIG user guide): before R570 a CUDA process enumerates one MIG device and no whole GPU beside it;
 # from R570 one compute instance per GPU instance. MPS on MIG runs one control daemon per MIG device.
-R570 = 570
 # The compute slices of a GPU that MIG splits (A100, H100, H200: 7), when NVML does not say.
 DEFAULT_MIG_SLICES = 7
 _PROFILE = re.compile(r'(?:(\d+)c\.)?(\d+)g\.(\d+)gb')
@@ -111,7 +110,7 @@ class Gpu:
         """This GPU's MIG devices for a message: ``1:0 (3g.40gb, MIG-...), ...``, or a note that it has none."""
         if not self.mig_devices:
             return 'it has no MIG devices yet (create GPU and compute instances first, e.g. with nvidia-mig-parted)'
-        return 'its MIG devices are %s' % ', '.join('%s (%s, %s)' % (mig.address, mig.profile, mig.uuid) for mig in self.mig_devices)
+        return 'its MIG devices are %s' % ', '.join(mig.short for mig in self.mig_devices)
 
     def summary(self) -> t.Dict[str, t.Any]:
         """The short form modules return for a device."""
@@ -171,8 +170,13 @@ class MigDevice(Gpu):
         return '%d:%d' % (self.index, self.mig_index)
 
     @property
+    def short(self) -> str:
+        """``1:0 (3g.40gb, MIG-...)``, as lists of MIG devices name it."""
+        return '%s (%s, %s)' % (self.address, self.profile, self.uuid)
+
+    @property
     def label(self) -> str:
-        return 'MIG device %s (%s, %s)' % (self.address, self.profile, self.uuid)
+        return 'MIG device ' + self.short
 
     def summary(self) -> t.Dict[str, t.Any]:
         return {'index': self.index, 'uuid': self.uuid, 'name': self.name, 'mig': self.address, 'profile': self.profile}
@@ -202,6 +206,11 @@ def profile_slices(profile: str) -> t.Tuple[t.Optional[int], t.Optional[int]]:
         return None, None
     gi = int(match.group(2))
     return gi, int(match.group(1)) if match.group(1) else gi
+
+
+def is_mig_uuid(uuid: str) -> bool:
+    """Whether a device name is a MIG device's (``MIG-<uuid>`` or the legacy ``MIG-GPU-<uuid>/<gi>/<ci>``)."""
+    return uuid[:4].upper() == 'MIG-'
 
 
 def all_devices(gpus: t.Sequence[Gpu]) -> t.List[Gpu]:
@@ -442,7 +451,7 @@ def _resolve_one(selector: t.Union[str, int], gpus: t.Sequence[Gpu], param: str)
     address = _ADDRESS.fullmatch(text)
     if address:
         return _mig_at(gpus, int(address.group(1)), int(address.group(2)), param)
-    if text[:4].upper() == 'MIG-':
+    if is_mig_uuid(text):
         return _mig_by_uuid(gpus, text, param)
     if not _UUID_PREFIX.fullmatch(text):
         raise InvalidParameterError(param, '%r is not a GPU index, UUID (GPU-...) or unique UUID prefix, nor a MIG device '
@@ -492,7 +501,7 @@ def _mig_by_uuid(gpus: t.Sequence[Gpu], text: str, param: str) -> Gpu:
                 return mig
     known = [mig for gpu in gpus for mig in gpu.mig_devices]
     raise DeviceSelectionError('%s: no MIG device is %r (a MIG device destroyed and created again has a new UUID); %s' % (
-        param, text, 'this host\'s MIG devices are %s' % ', '.join('%s (%s, %s)' % (mig.address, mig.profile, mig.uuid) for mig in known)
+        param, text, 'this host\'s MIG devices are %s' % ', '.join(mig.short for mig in known)
         if known else 'this host has no MIG devices'))
 
 
@@ -512,7 +521,7 @@ def visible_gpus(value: t.Optional[str], gpus: t.Sequence[Gpu]) -> t.List[Gpu]:
         text = item.strip()
         if text.isdigit():
             found = [gpu for gpu in gpus if gpu.index == int(text)]
-        elif text[:4].upper() == 'MIG-':
+        elif is_mig_uuid(text):
             try:
                 found = [_mig_by_uuid(gpus, text, 'CUDA_VISIBLE_DEVICES')]
             except DeviceSelectionError:

@@ -20,7 +20,7 @@ from ._protocol.framing import ControlClient, Reply
 from ._protocol.state import parse_state, state_commands
 from ._supervisor.process import DaemonState, inspect, read_pid_file
 from ._errors import DaemonTimeoutError, InvalidParameterError, MpsError, NvmlError
-from ._gpus import ENUMERATION_WARNING, MPS_ENUMERATION_VAR, Gpu, Nvml, all_devices
+from ._gpus import ENUMERATION_WARNING, MPS_ENUMERATION_VAR, Gpu, Nvml, all_devices, is_mig_uuid
 from ._io import untraversable_parents
 from ._resource.record import StartRecord, read_record
 from ._proc import child_pids, daemon_dev_shm, process_uid
@@ -168,6 +168,7 @@ class Collector:
         self.uid_of = uid_of
         self.warnings: t.List[str] = []
         self.ui_processes = 0
+        self._read: t.Optional[t.Tuple[t.Dict[str, DaemonState], t.Dict[str, t.Optional[StartRecord]]]] = None
 
     def collect(self) -> Report:
         nvml, gpus, enumeration_set = nvml_facts(self.nvml_factory)
@@ -204,17 +205,20 @@ class Collector:
         if not migs:
             return
         serving: t.Dict[str, t.Tuple[str, t.Optional[int]]] = {}
-        for paths in self._all_paths():
-            record = read_record(paths)
-            if record is None:
-                continue
-            state = inspect(paths)
-            for uuid in record.devices:
-                serving[uuid] = (paths.name, state.pid if state.running else None)
+        states, records = self._read_all(self._all_paths())
+        for name, record in records.items():
+            for uuid in record.devices if record else []:
+                serving[uuid] = (name, states[name].pid if states[name].running else None)
         for mig in migs:
             mig['resource'], mig['daemon_pid'] = serving.get(mig['uuid'], (None, None))
 
     # --- daemons ---------------------------------------------------------------------------------
+    def _read_all(self, everything: t.Sequence[ResourcePaths]) -> t.Tuple[t.Dict[str, DaemonState], t.Dict[str, t.Optional[StartRecord]]]:
+        """Each resource's daemon state and start record, read once per run (daemons and the MIG facts both ask)."""
+        if self._read is None:
+            self._read = ({paths.name: inspect(paths) for paths in everything}, {paths.name: read_record(paths) for paths in everything})
+        return self._read
+
     def _all_paths(self) -> t.List[ResourcePaths]:
         found = []
         for name in scan_resources(self.request.root):
@@ -243,8 +247,7 @@ class Collector:
             reported = everything
         else:
             reported = [resource_paths(self.request.root, self.request.name)]
-        states = {paths.name: inspect(paths) for paths in everything}
-        records = {paths.name: read_record(paths) for paths in everything}
+        states, records = self._read_all(everything)
         daemons = []
         for paths in reported:
             if paths.name not in states:
@@ -264,15 +267,16 @@ class Collector:
         for ordinal, uuid in enumerate(uuids):
             gpu = by_uuid.get(uuid)
             device: t.Dict[str, t.Any] = {'ordinal': ordinal, 'uuid': uuid, 'index': gpu.index if gpu else None}
-            if uuid.upper().startswith('MIG-'):
+            mig = is_mig_uuid(uuid)
+            if mig:
                 device.update(mig=gpu.address if gpu else None, profile=getattr(gpu, 'profile', None))
             devices.append(device)
             if gpu is None and nvml_available and state.running:
                 self.warnings.append(
                     '%s %s, which the MPS control daemon of %s was started on, is no longer reported by NVML%s' % (
-                        'MIG device' if uuid.upper().startswith('MIG-') else 'GPU', uuid, paths.name,
+                        'MIG device' if mig else 'GPU', uuid, paths.name,
                         ': its MIG instance was destroyed or re-created (new UUID); give the resource its new MIG device and '
-                        'run gpufleet.mps.mps_daemon or mps_host again' if uuid.upper().startswith('MIG-') else ''))
+                        'run gpufleet.mps.mps_daemon or mps_host again' if mig else ''))
         persisted = read_persisted(config_paths(self.request.config_dir, paths.name))
         facts: t.Dict[str, t.Any] = {
             'name': paths.name,

@@ -19,7 +19,7 @@ import typing as t
 from dataclasses import dataclass, field
 
 from .._errors import DeviceSelectionError, InvalidParameterError, MpsError
-from .._gpus import VOLTA_CC, Gpu, Nvml, all_devices, resolve_devices
+from .._gpus import VOLTA_CC, Gpu, Nvml, all_devices, is_mig_uuid, resolve_devices
 from .._outcome import Outcome
 from .._io import atomic_write, ensure_dir, read_text, refuse_unsafe_dirs, remove, untraversable_parents
 from .._proc import child_pids, daemon_dev_shm, process_uid
@@ -255,7 +255,7 @@ class ResourceManager:
                 then = 'The daemon is stopped; nothing is reset for the device.'
             else:
                 then = 'Nothing is reset for it.'
-            if uuid.upper().startswith('MIG-'):
+            if is_mig_uuid(uuid):
                 what = ('MIG device %s, which resource %r was started on, no longer exists: its instance was destroyed (or '
                         're-created by re-partitioning, with a new UUID), and clients of the daemon on it fail. %s%s' % (
                             uuid, self.paths.name, then, '' if wanted is not None else

@@ -19,7 +19,7 @@ from .._protocol.commands import check_applied, command
 from .._protocol.state import read_state
 from .._resource.lock import resource_lock
 from .._supervisor.process import Daemon, DaemonState, inspect
-from .._gpus import Gpu, all_devices, resolve_devices
+from .._gpus import Gpu, all_devices, is_mig_uuid, resolve_devices
 from .._io import ensure_dir, read_text, refuse_unsafe_dirs, remove
 from .._resource.record import read_record
 from .._proc import child_pids, uuids_from_environ
@@ -133,7 +133,7 @@ class LimitsManager:
         missing = [uuid for uuid in uuids if uuid not in by_uuid]
         if missing:
             raise DeviceSelectionError('the daemon of %r was started on %s, which NVML no longer reports%s' % (
-                self.paths.name, ', '.join(missing), MIG_GONE if any(uuid.upper().startswith('MIG-') for uuid in missing) else ''))
+                self.paths.name, ', '.join(missing), MIG_GONE if any(is_mig_uuid(uuid) for uuid in missing) else ''))
         return [by_uuid[uuid] for uuid in uuids], state.running, state.pid
 
     def _usable(self) -> t.List[Gpu]:
