@@ -23,7 +23,6 @@ except ImportError as _exc:  # pragma: no cover - depends on the managed node
 else:
     PYNVML_IMPORT_ERROR = None
 
-HAS_PYNVML = pynvml is not None
 PYNVML_PACKAGE = 'nvidia-ml-py'
 
 # NVML's nvmlComputeMode_t values. EXCLUSIVE_THREAD (1) was removed from drivers and is not offered.

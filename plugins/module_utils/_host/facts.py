@@ -2,8 +2,8 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The local facts of a host's MPS (``ansible_local.gpufleet_mps``) for schedulers and later plays.
 
-Written by ``mps_host`` (and rendered by the ``mps_local_facts`` filter from ``mps_info`` results): nothing in
-them changes between two runs of an unchanged host (no pid, no time), so an unchanged host keeps its file.
+Written by ``mps_host``: nothing in them changes between two runs of an unchanged host (no pid, no time), so an
+unchanged host keeps its file.
 """
 
 from __future__ import annotations

@@ -19,7 +19,6 @@ from .._limits.model import check_fits, check_replicas, parse_mem_limit, parse_p
 from .._resource.layout import validate_name
 
 RESOURCE_KEYS = ('name', 'devices', 'multiuser', 'replicas', 'active_thread_percentage', 'pinned_device_mem_limit')
-LIMIT_KEYS = ('active_thread_percentage', 'pinned_device_mem_limit')
 
 
 @dataclass

@@ -16,7 +16,6 @@ import re
 
 from .._errors import MpsError
 
-LOGROTATE_PATH = '/etc/logrotate.d/gpufleet-mps'
 _SIZE = re.compile(r'[1-9][0-9]*[kMG]?')
 
 TEMPLATE = """\
