@@ -229,13 +229,17 @@ class Collector:
         return found
 
     def other_daemons(self, gpus: t.Sequence[Gpu]) -> t.List[t.Dict[str, t.Any]]:
-        """The MPS control daemons of the host that are not under the root: another root's, hand-started, the device plugin's."""
+        """The MPS control daemons of the host not under the root (another root's, hand-started, the device plugin's), and
+        the root's orphans."""
         by_uuid = {gpu.uuid: gpu for gpu in all_devices(gpus)}
         known, unreadable = foreign_daemons(None, gpus, outside=self.request.root)
         found = []
         for daemon in known + unreadable:
-            found.append({'pid': daemon.pid, 'uid': daemon.uid, 'pipe_dir': daemon.pipe_dir,
+            found.append({'pid': daemon.pid, 'uid': daemon.uid, 'pipe_dir': daemon.pipe_dir, 'orphan': daemon.orphan,
                           'devices': [by_uuid[uuid].summary() for uuid in daemon.uuids if uuid in by_uuid]})
+            if daemon.orphan:
+                self.warnings.append('an MPS control daemon still serves %s: %s' % (
+                    ', '.join(by_uuid[uuid].label for uuid in daemon.uuids if uuid in by_uuid) or 'GPUs', daemon.describe()))
             if daemon.pipe_dir is None:
                 self.warnings.append('another MPS control daemon runs, %s; its GPUs cannot be told without root' % daemon.describe())
         return found

@@ -146,3 +146,19 @@ def refuse_unsafe_dirs(dirs: t.Sequence[t.Tuple[str, str]]) -> None:
         if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
             raise UnsafePathError('%s: %s is writable by every user (mode %04o); refusing to use it (chmod o-w)' % (
                 param, path, stat.S_IMODE(st.st_mode)), path=path, param=param)
+
+
+def restorer(path: str) -> t.Callable[[], None]:
+    """Read ``path`` now; the function returned puts that content (and mode) back, or removes a file that was not there."""
+    text = read_text(path)
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        mode = 0o644
+
+    def restore() -> None:
+        if text is None:
+            remove(path)
+        else:
+            atomic_write(path, text, mode)
+    return restore

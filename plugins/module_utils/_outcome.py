@@ -1,10 +1,11 @@
 # Copyright: gpufleet.mps contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Plan, then apply: what a manager found to do, each action with its reason, and its side effects.
+"""Decide, then execute: the typed changes a manager found to do, each with its reason, and their side effects.
 
-A manager reads the state and plans every action into an :class:`Outcome`, check mode or not: the
-plan is the same, so ``changed``, ``actions`` and ``diff`` are the same. Check mode stops there;
-otherwise :meth:`Outcome.apply` runs the side effects in the planned order.
+A manager reads the state and plans every change into an :class:`Outcome`, check mode or not: the plan
+is the same, so ``changed``, ``actions``, ``changes`` and ``diff`` are the same. Check mode stops there;
+otherwise :meth:`Outcome.apply` runs exactly the planned side effects in the planned order, and records
+each change only after its side effect has returned.
 """
 
 from __future__ import annotations
@@ -13,6 +14,39 @@ import typing as t
 from dataclasses import dataclass, field
 
 Step = t.Callable[[], None]
+
+# A change's kind, by the first word of its action where the caller names none.
+KINDS = {
+    'apply': 'limits', 'chmod': 'mode', 'disable': 'unit', 'enable': 'unit', 'label': 'selinux', 'mount': 'mount',
+    'remount': 'mount', 'remove': 'remove', 'restart': 'restart', 'set': 'compute_mode', 'start': 'start',
+    'stop': 'stop', 'systemctl': 'reload', 'unmount': 'mount', 'wait': 'wait', 'write': 'write',
+}
+
+
+def _noop() -> None:
+    return None
+
+
+@dataclass
+class Change:
+    """One change of the host: what (``kind``, ``action``), to which resource, why, and whether it ends clients."""
+
+    kind: str
+    action: str
+    reason: str = ''
+    resource: str = ''
+    ends_clients: bool = False
+    # Puts back what the side effect changed, where that can be done (a compute mode, a file's previous content).
+    undo: t.Optional[Step] = field(default=None, repr=False, compare=False)
+
+    @property
+    def text(self) -> str:
+        """As ``actions`` lists it."""
+        return '%s: %s' % (self.action, self.reason) if self.reason else self.action
+
+    def as_dict(self) -> t.Dict[str, t.Any]:
+        return {'kind': self.kind, 'resource': self.resource, 'action': self.action, 'reason': self.reason,
+                'ends_clients': self.ends_clients}
 
 
 @dataclass
@@ -24,24 +58,34 @@ class Outcome:
     warnings: t.List[str] = field(default_factory=list)
     before: t.Dict[str, t.Any] = field(default_factory=dict)
     after: t.Dict[str, t.Any] = field(default_factory=dict)
-    steps: t.List[Step] = field(default_factory=list, repr=False, compare=False)
+    changes: t.List[Change] = field(default_factory=list)
+    # The side effects in order; one that completes a change names it (bookkeeping steps name none).
+    steps: t.List[t.Tuple[t.Optional[Change], Step]] = field(default_factory=list, repr=False, compare=False)
 
-    def act(self, action: str, run: t.Optional[Step] = None, reason: t.Optional[str] = None) -> None:
-        """Plan one action a user would want to know about; ``run`` makes it happen when applied."""
+    def act(self, action: str, run: t.Optional[Step] = None, reason: t.Optional[str] = None, kind: t.Optional[str] = None,
+            ends_clients: bool = False) -> Change:
+        """Plan one change a user would want to know about; ``run`` makes it happen when applied."""
+        change = Change(kind or KINDS.get(action.split(' ', 1)[0].rstrip(':'), 'other'), action, reason or '', ends_clients=ends_clients)
         self.changed = True
-        self.actions.append('%s: %s' % (action, reason) if reason else action)
-        if run is not None:
-            self.steps.append(run)
+        self.actions.append(change.text)
+        self.changes.append(change)
+        self.steps.append((change, run or _noop))
+        return change
 
     def step(self, run: Step) -> None:
-        """Plan a side effect that is part of an action already listed (bookkeeping, a directory it needs)."""
-        self.steps.append(run)
+        """Plan a side effect that is part of a change already listed (bookkeeping, a directory it needs)."""
+        self.steps.append((None, run))
 
-    def apply(self) -> None:
-        """Run the planned side effects in order; the first that fails stops the rest (its error says why)."""
+    def apply(self, executed: t.Optional[t.List[Change]] = None) -> None:
+        """Run the planned side effects in order; the first that fails stops the rest (its error says why).
+
+        ``executed`` receives each change once its side effect has returned.
+        """
         steps, self.steps = self.steps, []
-        for run in steps:
+        for change, run in steps:
             run()
+            if change is not None and executed is not None:
+                executed.append(change)
 
     def diff(self) -> t.Dict[str, t.Any]:
         return {'before': self.before, 'after': self.after}

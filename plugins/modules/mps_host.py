@@ -15,17 +15,23 @@ description:
   - All or nothing. Every entry and option is checked against the host's GPUs before anything is read from a daemon or
     changed - an unknown key, a bad limit (V(20 GB), V(150)), a size larger than a GPU, a GPU in two resources, a GPU in
     MIG mode - and a bad one changes nothing, C(<root>/.ready) included.
-  - Plan, then apply. The run first plans every resource with the same code that applies (so check mode, C(changed),
-    RV(actions) and the diff are the same plan); refusals - a busy daemon that must stop under O(busy=refuse), a GPU
-    that an MPS daemon of another root or tool serves - come before any change. It then applies in an order that always
-    works - the shared tmpfs; removed resources; daemons that restart (their GPUs, C(multiuser), a pinned memory limit
-    to drop - MPS has no command to unset one) are stopped; then, per listed resource, its limits persisted and applied
-    and its daemon started (the start replays the limits) - so GPUs move between resources, and resources are renamed or
-    swap GPUs, in one run.
-  - Then every listed daemon must answer; C(<root>/.ready) is written when all do and removed when one does not (the
-    module then fails, naming it). Where systemd supervises the daemons it installs a health timer that keeps the mark
-    current between runs, a logrotate drop-in where the host has O(logrotate_dir), and local facts for schedulers in
-    O(local_facts_dir).
+  - Observe, decide, execute. Under a host-wide lock (one run at a time; another run waits, bounded, then plans from
+    what the first one left), the run plans every change of the host into one ordered list, RV(changes) - the same list
+    in check mode and in a real run, by construction: check mode returns it, a real run executes exactly it and reports
+    each change only after its side effect returned. Refusals - a busy daemon that must stop under O(busy=refuse), a
+    GPU that an MPS daemon of another root or tool serves - come before any change.
+  - The order always works - waits for busy clients (O(busy=wait): a wait that times out changes nothing); the ready mark
+    C(<root>/.ready) withdrawn when the plan brings any resource down (or lists none); the shared tmpfs; removed
+    resources; daemons that restart (their GPUs, C(multiuser), a pinned memory limit to drop - MPS has no command to
+    unset one) stopped, a GPU that stays in use keeping its compute mode; then, per listed resource, its limits persisted
+    and sent and its daemon started (the start replays the limits) - so GPUs move between resources, and resources are
+    renamed or swap GPUs, in one run; the health timer, log rotation, local facts; and last the ready mark, written only
+    when every listed daemon answers. A run killed at any point never leaves the mark over a down resource.
+  - A change that fails stops the run; a failed start gives its GPUs their compute mode back and its persisted limits
+    their previous content, and the error lists what was done, undone and not done.
+  - Every listed daemon must answer after the run; the module fails naming one that does not, and removes the mark.
+    Where systemd supervises the daemons it installs a health timer that keeps the mark current between runs, a
+    logrotate drop-in where the host has O(logrotate_dir), and local facts for schedulers in O(local_facts_dir).
   - One NVML session, and on a run that changes nothing one control UI process per running daemon. M(gpufleet.mps.mps_daemon)
     and M(gpufleet.mps.mps_limits) are the per-resource building blocks on the same code.
   - A host without a usable NVIDIA GPU (no driver, or NVML reports none) is left alone with RV(managed=false) and a
@@ -179,6 +185,15 @@ options:
     description: Seconds O(busy=wait) waits.
     type: int
     default: 600
+  running_servers:
+    description:
+      - MPS servers already running keep the limits they started with, and the clients that connect to them later get
+        those, not new defaults - even an idle server that has outlived its clients.
+      - V(ignore) lists such servers in each resource's C(limits.pending) and warns. V(update) sets their own limits too,
+        which reaches the clients they get from then on; a running client's limits never change.
+    type: str
+    choices: [ignore, update]
+    default: ignore
   selinux_type:
     description: SELinux type of every pipe directory and of the shared tmpfs where SELinux is enabled; empty leaves labels alone.
     type: str
@@ -318,6 +333,31 @@ actions:
   type: list
   elements: str
   sample: ['tune: stop the MPS control daemon', 'train: start the MPS control daemon']
+changes:
+  description:
+    - The plan as typed changes, in order - in check mode what a real run would do, in a real run what it did (each
+      change listed once its side effect returned). The same request on the same host gives the same list either way.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    kind:
+      description: What changes - C(stop), C(start), C(restart), C(limits), C(compute_mode), C(write), C(remove), C(unit),
+        C(wait), C(ready), C(mount), C(mode), C(selinux), C(reload) or C(other).
+      type: str
+    resource:
+      description: The resource it belongs to, or C(host), or C(shm).
+      type: str
+    action:
+      description: The change, as RV(actions) names it.
+      type: str
+    reason:
+      description: Why, where the action alone does not say.
+      type: str
+    ends_clients:
+      description: Whether it ends connected clients (a stop under O(busy=terminate)).
+      type: bool
+  sample: [{kind: stop, resource: tune, action: stop the MPS control daemon (pid 4242), reason: '', ends_clients: false}]
 '''
 
 from ansible_collections.gpufleet.mps.plugins.module_utils._daemon.manager import BUSY_CHOICES, COMPUTE_MODE_CHOICES, DEFAULT_BUSY_TIMEOUT
@@ -326,6 +366,7 @@ import sys
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import MpsError, NvmlError
 from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import ENUMERATION_WARNING, Nvml
 from ansible_collections.gpufleet.mps.plugins.module_utils._host.manager import HostManager
+from ansible_collections.gpufleet.mps.plugins.module_utils._limits.manager import RUNNING_SERVERS_CHOICES
 from ansible_collections.gpufleet.mps.plugins.module_utils._module import control_binary, run_module
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import (
     DEFAULT_CONFIG_DIR, DEFAULT_CONTAINER_ROOT, DEFAULT_LOG_MODE, DEFAULT_ROOT,
@@ -362,6 +403,7 @@ def argument_spec():
         stop_timeout=dict(type='int', default=30),
         busy=dict(type='str', choices=list(BUSY_CHOICES), default='refuse'),
         busy_timeout=dict(type='int', default=DEFAULT_BUSY_TIMEOUT),
+        running_servers=dict(type='str', choices=list(RUNNING_SERVERS_CHOICES), default='ignore'),
         selinux_type=dict(type='str', default=CONTAINER_TYPE),
         remove_logs=dict(type='bool', default=False),
         health_check=dict(type='bool', default=True),
@@ -382,7 +424,7 @@ def run(module):
     info = {'available': False, 'error': None, 'driver_version': None, 'cuda_driver_version': None,
             'python_binding': nvml.has_binding}
     result = dict(changed=False, managed=False, resources=[], removed=[], ready=None, gpus=[], nvml=info, local_facts=None,
-                  ui_processes=0, actions=[])
+                  ui_processes=0, actions=[], changes=[])
     if not nvml.has_binding:
         raise MpsError('%s cannot import nvidia-ml-py (pynvml): that is a broken interpreter, not a host without a GPU; run '
                        'the module with an interpreter that has nvidia-ml-py (the fleet role\'s mps_python, or its venv)' %
@@ -417,6 +459,7 @@ def run(module):
     result.update(
         changed=outcome.changed, managed=True, resources=outcome.resources, removed=outcome.removed, ready=outcome.ready,
         local_facts=outcome.facts, ui_processes=outcome.ui_processes, actions=list(outcome.actions),
+        changes=[change.as_dict() for change in (outcome.changes if module.check_mode else outcome.executed)],
         msg='%d resource(s)%s%s%s' % (
             len(outcome.resources),
             ', changed: %s' % ', '.join(changed) if changed else '',

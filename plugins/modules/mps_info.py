@@ -279,11 +279,14 @@ other_daemons:
       their GPUs. C(pipe_dir) is the daemon's C(CUDA_MPS_PIPE_DIRECTORY) as it names it (in its own mount namespace),
       null with C(devices) empty when its environment cannot be read (another user's, without root); C(devices)
       are the GPUs its C(CUDA_VISIBLE_DEVICES) names (every GPU when unset).
+    - C(orphan) is true for a daemon of O(root) that its pipe directory no longer leads to (the directory deleted under
+      the running daemon, or a second daemon started there): C(quit) cannot reach it, it still serves its GPUs, and
+      M(gpufleet.mps.mps_host) and M(gpufleet.mps.mps_daemon) refuse to start another daemon on them.
   returned: when O(gather) includes V(daemons)
   type: list
   elements: dict
-  sample: [{pid: 5120, uid: 0, pipe_dir: /tmp/nvidia-mps, devices: [{index: 0, uuid: GPU-0aac1e75-0ca4-47bb-816e-bead2982d24c,
-            name: NVIDIA H100 80GB HBM3}]}]
+  sample: [{pid: 5120, uid: 0, pipe_dir: /tmp/nvidia-mps, orphan: false, devices: [{index: 0,
+            uuid: GPU-0aac1e75-0ca4-47bb-816e-bead2982d24c, name: NVIDIA H100 80GB HBM3}]}]
   version_added: 0.2.0
 daemons:
   description:

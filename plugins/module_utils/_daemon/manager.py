@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 from .._errors import DeviceSelectionError, InvalidParameterError, MpsError
 from .._gpus import VOLTA_CC, Gpu, Nvml, all_devices, is_mig_uuid, resolve_devices
 from .._outcome import Outcome
-from .._io import atomic_write, ensure_dir, read_text, refuse_unsafe_dirs, remove, untraversable_parents
+from .._io import atomic_write, ensure_dir, read_text, refuse_unsafe_dirs, remove, restorer, untraversable_parents
 from .._proc import child_pids, daemon_dev_shm, process_uid
 from .._protocol.state import read_state
 from .._resource.layout import (
     SHM_DIR, ConfigPaths, ResourcePaths, config_paths, container_view, managed_dirs, resource_paths, validate_log_mode,
 )
-from .._resource.lock import RESOURCE_LOCK
+from .._resource.lock import RESOURCE_LOCK, resource_lock
 from .._resource.record import StartRecord, read_record, write_record
 from .._resource.scan import ForeignDaemon, foreign_daemons, gpu_claims, live_daemons, scan_config, scan_resources
 from .._resource.store import persist, read_persisted, read_replay, write_replay
@@ -81,6 +81,27 @@ class Wanted:
 
 
 @dataclass
+class HostContext:
+    """What a host plan tells each resource's manager: the resources it plans itself, what it removes, what it keeps."""
+
+    # Resources of the same root whose GPUs do not count as taken: mps_host checks that its listed resources share
+    # no GPU and stops removed and restarted daemons before it starts any.
+    ignore_owners: t.FrozenSet[str] = frozenset()
+    would_remove: t.List[str] = field(default_factory=list)
+    assume_stopped: bool = False
+    keep_modes: t.FrozenSet[str] = frozenset()
+    restart_for: str = ''
+    restart_onto: t.Sequence[Gpu] = ()
+    restart_reason: str = ''
+    # The same plan mounts <root>/shm (and persists it) before any daemon starts: not mounted yet is no refusal.
+    shm_planned: bool = False
+    # The limits the same plan persists before the start, and the device order it writes their commands file in.
+    limits: t.Optional[t.Any] = None
+    limits_replay_for: t.Optional[t.List[str]] = None
+    limits_planned: bool = False
+
+
+@dataclass
 class DaemonOutcome(Outcome):
     """What the run did (or, in check mode, would do), and the daemon it leaves."""
 
@@ -92,8 +113,9 @@ class DaemonOutcome(Outcome):
     clients: t.List[t.Dict[str, t.Any]] = field(default_factory=list)
     # The pipe directory's SELinux type before and after, where SELinux is enabled and a type is wanted.
     selinux: t.Optional[t.Dict[str, t.Optional[str]]] = None
-    # Whether a running daemon is (or would be) stopped and started again for this run's change.
+    # Whether a running daemon is (or would be) stopped and started again for this run's change, and why.
     restarting: bool = False
+    restart_why: str = ''
     # What the run could not do as asked and why, without failing (a compute mode on a MIG device).
     notes: t.List[str] = field(default_factory=list)
     # Recorded devices NVML no longer reports (a MIG instance destroyed or created again), with what to do.
@@ -109,7 +131,7 @@ class ResourceManager:
 
     def __init__(self, paths: ResourcePaths, config: ConfigPaths, daemon: Daemon, nvml: Nvml, supervisor: str,
                  check_mode: bool, systemctl: t.Optional[Systemctl] = None, nvidia_smi: t.Optional[str] = None,
-                 unit_dir: str = UNIT_DIR) -> None:
+                 unit_dir: str = UNIT_DIR, host: t.Optional['HostContext'] = None) -> None:
         self.paths = paths
         self.config = config
         self.daemon = daemon
@@ -124,8 +146,19 @@ class ResourceManager:
         self.enabled = True
         self.remove_logs = False
         self.pending_warnings: t.List[str] = []
-        # What state=absent removed, or in check mode would have: a directory emptied by it counts as empty.
-        self._would_remove: t.List[str] = []
+        host = host or HostContext()
+        # What state=absent removed, or in check mode would have: a directory emptied by it counts as empty. A host
+        # plan shares one list between its resources, so a directory emptied by several of them counts as empty too.
+        self._would_remove: t.List[str] = host.would_remove
+        # mps_host: the daemon is planned as stopped by an earlier change of the same plan (the first half of its restart).
+        self.assume_stopped = host.assume_stopped
+        # mps_host: GPUs that a listed resource keeps in MPS use, whose compute mode a stop leaves as it is.
+        self.keep_modes: t.FrozenSet[str] = host.keep_modes
+        # mps_host: the stop is the first half of a restart, for this reason, onto these devices.
+        self.restart_for = host.restart_for
+        self.restart_onto: t.List[Gpu] = list(host.restart_onto)
+        self.shm_planned = host.shm_planned
+        self.host = host
         self._lock_existed = False
         self._unit_stop_planned = False
         self._disable_planned = False
@@ -141,11 +174,13 @@ class ResourceManager:
         self._foreign: t.Optional[t.Tuple[t.Dict[str, ForeignDaemon], t.List[ForeignDaemon]]] = None
         # Resources of the same root whose GPUs do not count as taken: mps_host plans a whole host, checks
         # that its listed resources share no GPU and stops removed and changed daemons before it starts any.
-        self.ignore_owners: t.FrozenSet[str] = frozenset()
+        self.ignore_owners: t.FrozenSet[str] = host.ignore_owners
         # Why the compute mode asked for is not applied (a MIG device); shown in the diff and the result.
         self.compute_mode_note = ''
         # Why state=restarted was asked for, when the caller knows (mps_host: a limit only a restart drops).
-        self.restart_reason = ''
+        self.restart_reason = host.restart_reason
+        # Whether the stop this run plans ends connected clients (busy=terminate with clients connected).
+        self._ends_clients = False
 
     # --- reading -------------------------------------------------------------------------------
     def record(self) -> t.Optional[StartRecord]:
@@ -227,13 +262,13 @@ class ResourceManager:
         if taken:
             raise DeviceSelectionError('devices: %s already used by another MPS daemon under %s' % (
                 '; '.join('%s by resource %r' % (gpu.label, owner) for gpu, owner in taken), self.paths.root))
-        if shm and mounted_at(self.paths.shm_dir) is None:
+        if shm and not self.shm_planned and mounted_at(self.paths.shm_dir) is None:
             message = ('%s does not exist or is not mounted: mount the shared tmpfs with gpufleet.mps.mps_shm before '
                        'starting daemons with shm=true' % self.paths.shm_dir)
             if not self.check_mode:
                 raise InvalidParameterError('shm', message)
             self.pending_warnings.append(message + ' (check mode carries on)')
-        if shm and self.supervisor == 'systemd' and not shm_persisted(self.paths.shm_dir, self.unit_dir):
+        if shm and self.supervisor == 'systemd' and not self.shm_planned and not shm_persisted(self.paths.shm_dir, self.unit_dir):
             self.pending_warnings.append(
                 '%s is mounted but neither a mount unit nor an fstab line brings it back at boot: the unit %s needs it '
                 '(RequiresMountsFor=, BindPaths=) and will fail to start after a reboot; mount it with '
@@ -246,11 +281,12 @@ class ResourceManager:
         if record is None:
             return
         known = {gpu.uuid for gpu in all_devices(self.nvml.gpus())}
+        onto = wanted.devices if wanted is not None else self.restart_onto
         for uuid in record.devices:
             if uuid in known:
                 continue
-            if wanted is not None:
-                then = 'The daemon restarts on %s.' % ', '.join(gpu.label for gpu in wanted.devices)
+            if onto:
+                then = 'The daemon restarts on %s.' % ', '.join(gpu.label for gpu in onto)
             elif self._own_pid:
                 then = 'The daemon is stopped; nothing is reset for the device.'
             else:
@@ -258,7 +294,7 @@ class ResourceManager:
             if is_mig_uuid(uuid):
                 what = ('MIG device %s, which resource %r was started on, no longer exists: its instance was destroyed (or '
                         're-created by re-partitioning, with a new UUID), and clients of the daemon on it fail. %s%s' % (
-                            uuid, self.paths.name, then, '' if wanted is not None else
+                            uuid, self.paths.name, then, '' if onto else
                             ' To serve the new instance, list the resource with its MIG device (nvidia-smi -L lists them).'))
             else:
                 what = 'GPU %s, which resource %r was started on, is no longer reported by NVML (removed, or fallen off the bus). %s' % (
@@ -290,10 +326,6 @@ class ResourceManager:
                                        render_pidfile_dropin(os.path.join(self.paths.pipe_dir, PID_FILE))),
         }
 
-    def _systemd_drift(self, wanted: Wanted) -> t.List[str]:
-        """The files of the unit that differ from what is wanted (rewritten in place, no restart by themselves)."""
-        return [path for path, content in self._systemd_files(wanted).items() if read_text(path) != content]
-
     # --- actions: planned into the outcome, run by its apply() ------------------------------------
     def _set_compute_modes(self, devices: t.Sequence[Gpu], mode: str, out: Outcome) -> None:
         if mode == 'unchanged':
@@ -304,8 +336,9 @@ class ResourceManager:
                 # whose MIG mode was enabled under a running daemon: it is given back as it is).
                 continue
             if gpu.compute_mode != mode:
-                out.act('set compute mode %s on GPU %d (%s)' % (mode.upper(), gpu.index, gpu.uuid),
-                        lambda gpu=gpu: self.nvml.set_compute_mode(gpu, mode))
+                change = out.act('set compute mode %s on GPU %d (%s)' % (mode.upper(), gpu.index, gpu.uuid),
+                                 lambda gpu=gpu: self.nvml.set_compute_mode(gpu, mode))
+                change.undo = lambda gpu=gpu, was=gpu.compute_mode: self.nvml.set_compute_mode(gpu, was)
 
     def _prepare_dirs(self, out: Outcome) -> None:
         out.step(lambda: (ensure_dir(self.paths.pipe_dir, 0o755), ensure_dir(self.paths.log_dir, self.daemon.log_mode)))
@@ -365,8 +398,18 @@ class ResourceManager:
 
     def _replay_for(self, wanted: Wanted, out: Outcome) -> t.List[str]:
         """The persisted limits as commands for this daemon's device order (commands file rewritten to match)."""
-        limits = read_persisted(self.config)
         uuids = [gpu.uuid for gpu in wanted.devices]
+        if self.host.limits_planned:
+            # mps_host: its plan persists these limits (and, for a known device order, their commands file) first.
+            planned = self.host.limits
+            if planned is None or planned.empty:
+                return []
+            if self.host.limits_replay_for != uuids and write_replay(self.config, planned, uuids, check_mode=True):
+                change = out.act('write %s for the new device order' % self.config.limits_file, lambda: (
+                    ensure_dir(self.config.config_dir, 0o755), write_replay(self.config, planned, uuids, check_mode=False)))
+                change.undo = restorer(self.config.limits_file)
+            return planned.commands(uuids)
+        limits = read_persisted(self.config)
         if limits is None:
             return read_replay(self.config)
         added = limits.add_replica_shares(wanted.devices, all_devices(self.nvml.gpus()))
@@ -425,6 +468,7 @@ class ResourceManager:
                            'nothing was done. Set busy=wait to wait up to busy_timeout seconds for them to leave, or '
                            'busy=terminate to end them' % (change, self.paths.name, current.pid, len(clients), named),
                            clients=clients)
+        self._ends_clients = self.busy == 'terminate'
         if self.busy == 'wait':
             out.act('wait up to %ds for %d connected client(s) to leave - %s' % (self.busy_timeout, len(clients), named),
                     lambda: self._wait_idle(current.pid, change))
@@ -440,7 +484,7 @@ class ResourceManager:
                 return
             if time.monotonic() >= deadline:
                 raise MpsError('busy: the MPS control daemon for %s (pid %s) still has %d connected client(s) after %ds - %s; '
-                               'the %s was not done (busy=wait)' % (
+                               '%s was not done (busy=wait)' % (
                                    self.paths.name, pid, len(clients), self.busy_timeout,
                                    ', '.join('pid %d' % client['pid'] for client in clients), change), clients=clients)
             self.daemon.sleep(BUSY_POLL)
@@ -459,7 +503,7 @@ class ResourceManager:
             # stopped daemon never looks like a crashed one.
             self.daemon.clean_stale()
 
-        out.act('stop the MPS control daemon (pid %s)' % state.pid, stop)
+        out.act('stop the MPS control daemon (pid %s)' % state.pid, stop, ends_clients=self._ends_clients)
         # What the stop removes, later steps (state=absent) must not list a second time.
         self._would_remove += [os.path.join(self.paths.pipe_dir, name) for name in PIPE_DIR_FILES]
 
@@ -481,7 +525,7 @@ class ResourceManager:
         claims = self.foreign()[0]
         gpus = []
         for gpu in self.nvml.gpus():
-            if gpu.uuid not in uuids or gpu.uuid in still_used:
+            if gpu.uuid not in uuids or gpu.uuid in still_used or gpu.uuid in self.keep_modes:
                 continue
             if gpu.uuid in claims:
                 if gpu.compute_mode != 'default':
@@ -499,9 +543,9 @@ class ResourceManager:
             self._would_remove.append(self.paths.started_file)
 
     # --- entry points ----------------------------------------------------------------------------
-    def ensure(self, state: str, selectors: t.Any, multiuser: bool, compute_mode: str, enabled: bool, shm: bool = False,
-               remove_logs: bool = False, foreground: bool = False) -> Outcome:
-        """Bring the resource to ``state`` (started, stopped, restarted or absent)."""
+    def _prepare(self, state: str, selectors: t.Any, multiuser: bool, compute_mode: str, enabled: bool, shm: bool,
+                 remove_logs: bool, foreground: bool) -> t.Optional[Wanted]:
+        """Check every option against the host and set up the run; raises before any side effect."""
         if compute_mode not in COMPUTE_MODE_CHOICES:
             raise InvalidParameterError('compute_mode', 'must be one of %s' % ', '.join(COMPUTE_MODE_CHOICES))
         refuse_unsafe_dirs(managed_dirs(self.paths, self.config.config_dir))
@@ -513,8 +557,18 @@ class ResourceManager:
             self._systemd_files(wanted)  # a value no unit file can carry is refused now, before any side effect
         self.reset_on_stop = compute_mode != 'unchanged'
         self.enabled = enabled
-        lock_path = os.path.join(self.paths.resource_dir, RESOURCE_LOCK)
-        self._lock_existed = os.path.exists(lock_path)
+        self._lock_existed = os.path.exists(os.path.join(self.paths.resource_dir, RESOURCE_LOCK))
+        return wanted
+
+    def plan(self, state: str, selectors: t.Any, multiuser: bool, compute_mode: str, enabled: bool, shm: bool = False,
+             remove_logs: bool = False, foreground: bool = False) -> 'DaemonOutcome':
+        """Every change that brings the resource to ``state``, unapplied (mps_host executes a whole host's plan)."""
+        return self._ensure(state, self._prepare(state, selectors, multiuser, compute_mode, enabled, shm, remove_logs, foreground))
+
+    def ensure(self, state: str, selectors: t.Any, multiuser: bool, compute_mode: str, enabled: bool, shm: bool = False,
+               remove_logs: bool = False, foreground: bool = False) -> Outcome:
+        """Bring the resource to ``state`` (started, stopped, restarted or absent)."""
+        wanted = self._prepare(state, selectors, multiuser, compute_mode, enabled, shm, remove_logs, foreground)
         if self.check_mode:
             return self._ensure(state, wanted)  # the plan, and nothing else
         if state == 'absent' and not os.path.isdir(self.paths.resource_dir):
@@ -522,7 +576,7 @@ class ResourceManager:
             out = self._ensure(state, wanted)
             out.apply()
             return out
-        with self.daemon.lock():
+        with resource_lock(self.paths):
             # What was read before the lock may be stale: a concurrent run on this resource may just have
             # set the compute modes. Read the GPUs again under the lock, so only one run reports the change.
             self.nvml.refresh()
@@ -537,11 +591,12 @@ class ResourceManager:
         """Read the state and plan every action; nothing is changed here."""
         out = DaemonOutcome()
         out.warnings.extend(self.pending_warnings)
-        current = inspect(self.paths)
+        # A daemon the same plan stops first (the first half of its restart) is planned as stopped, without a record.
+        current = DaemonState(False, None, None) if self.assume_stopped else inspect(self.paths)
         self._own_pid = current.pid
         if current.conflict:
             raise MpsError('the MPS control daemon for %s: %s' % (self.paths.name, current.conflict), pid=current.pid)
-        record = self.record()
+        record = None if self.assume_stopped else self.record()
         out.before = self.describe(current, record)
         if current.running and not self.daemon.answered:
             # One UI process: does it answer at all? A hung daemon fails here, naming pid and log. (mps_host has
@@ -654,7 +709,9 @@ class ResourceManager:
             names = os.listdir(self.config.config_dir)
         except OSError:
             return False
-        return any(name.endswith('.env') and os.path.join(self.config.config_dir, name) != self.config.env_file for name in names)
+        gone = set(self._would_remove)
+        return any(name.endswith('.env') and os.path.join(self.config.config_dir, name) not in gone | {self.config.env_file}
+                   for name in names)
 
     def _remove(self, path: str, out: Outcome) -> bool:
         """Plan the removal of a file, or of a directory that is empty once what is planned before is removed."""
@@ -671,7 +728,14 @@ class ResourceManager:
         return True
 
     def _ensure_stopped(self, current: DaemonState, record: t.Optional[StartRecord], out: Outcome) -> None:
-        if current.running:
+        if current.running and self.restart_for:
+            # The first half of a restart that a host plan splits (every stop before any start: GPU moves, swaps).
+            self._plan_busy(current, out, 'the restart (%s)' % self.restart_for)
+            out.act('restart: %s' % self.restart_for, kind='restart')
+            if isinstance(out, DaemonOutcome):
+                out.restarting = True
+            self._stop(current, record, out)
+        elif current.running:
             self._plan_busy(current, out, 'the stop')
             self._stop(current, record, out)
         elif current.stale:
@@ -702,8 +766,8 @@ class ResourceManager:
             # is stopped or a compute mode changed, whether that can work here.
             if wanted.supervisor == 'systemd':
                 check_unit_path(self.paths.shm_dir, 'root')
-            else:
-                self.daemon.check_shm_namespace()
+            elif not self.shm_planned or mounted_at(self.paths.shm_dir) is not None:
+                self.daemon.check_shm_namespace()  # (a tmpfs the same plan mounts first is tried by the start itself)
         if current.running and state == 'started' and not differences:
             # Healthy and as wanted: only the compute mode may have drifted (it resets at reboot).
             claims = self.foreign()[0]
@@ -729,6 +793,7 @@ class ResourceManager:
             why = '; '.join(differences) if differences else (self.restart_reason or 'state=restarted')
             self._plan_busy(current, out, 'the restart (%s)' % why)
             out.restarting = True
+            out.restart_why = why
             out.act('restart: %s' % why)
             handover = record is not None and (record.supervisor or wanted.supervisor) != wanted.supervisor
             if wanted.supervisor == 'systemd' and not handover:
@@ -865,9 +930,9 @@ class DaemonSetup:
         return cls(paths, config, container, daemon, supervisor, systemctl, nvidia_smi, params['busy'], params['busy_timeout'],
                    selinux_type)
 
-    def manager(self, nvml: Nvml, check_mode: bool) -> ResourceManager:
+    def manager(self, nvml: Nvml, check_mode: bool, host: t.Optional[HostContext] = None) -> ResourceManager:
         manager = ResourceManager(self.paths, self.config, self.daemon, nvml, self.supervisor, check_mode,
-                                  systemctl=self.systemctl, nvidia_smi=self.nvidia_smi)
+                                  systemctl=self.systemctl, nvidia_smi=self.nvidia_smi, host=host)
         manager.busy, manager.busy_timeout = self.busy, self.busy_timeout
         manager.selinux_type = self.selinux_type
         return manager

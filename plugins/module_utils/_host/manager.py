@@ -1,22 +1,27 @@
 # Copyright: gpufleet.mps contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The whole MPS state of one host in one run: validate everything, plan every resource, then apply in an order
-that always works.
+"""The whole MPS state of one host in one run: observe, decide one list of changes, execute exactly that list.
 
 Validation (:func:`..plan.plan_resources` and every resource's options) raises before anything is read from the
-daemons or changed, ``<root>/.ready`` included. Planning runs each resource's managers in check mode - the same
-code that applies - so the plan gives ``changed``, ``actions`` and ``diff``, and refusals (a busy daemon, a GPU that
-a daemon of another root serves) come before any side effect. Applying, when the plan changes anything:
+daemons or changed. Then, under the host lock (the root's ``flock``: one run at a time, a bounded wait), the run
+plans every change of the host into one ordered list - the same list in check mode and in a real run, by
+construction: check mode returns it, a real run executes it, change by change, and reports each change only after
+its side effect returned. The order always works:
 
-1. the shared tmpfs (daemons started with ``shm`` need it);
-2. removed resources (``prune``): daemon stopped, unit, record and persisted limits removed (logs kept);
-3. listed resources whose daemon restarts (GPUs, multiuser, a limit MPS can only drop with a restart...): stopped,
-   so that GPU moves between resources, renames and swaps all work in one run;
-4. each listed resource: limits persisted (and applied to a running daemon), then its daemon started (the start
-   replays the limits);
-5. the health check, the ready mark, log rotation, local facts.
+1. waits for busy clients (``busy=wait``): a wait that times out has changed nothing;
+2. the ready mark withdrawn, when the plan brings any resource down (a run killed after this never leaves a ready
+   mark over a down resource);
+3. the shared tmpfs (daemons started with ``shm`` need it);
+4. removed resources (``prune``): daemon stopped, unit, record and persisted limits removed (logs kept);
+5. listed resources whose daemon restarts (GPUs, multiuser, a limit MPS only drops with a restart...): stopped, so that
+   GPU moves between resources, renames and swaps all work in one run; a GPU that stays in use keeps its compute mode;
+6. each listed resource: limits persisted (and sent to a running daemon), then its daemon started (the start replays
+   the limits);
+7. the health timer, log rotation, local facts, and last the ready mark, after every listed daemon answered.
 
-A run that changes nothing costs one NVML session and one control UI process per running daemon.
+A failed change stops the run; a start that failed gives its GPUs their compute mode back and its persisted limits
+their previous content, and the error says what was done and what was not. A run that changes nothing costs one NVML
+session and one control UI process per running daemon.
 """
 
 from __future__ import annotations
@@ -26,26 +31,26 @@ import shutil
 import typing as t
 from dataclasses import dataclass, field
 
-from .._daemon.manager import DaemonSetup, ResourceManager
-from .._errors import ControlBinaryError, DaemonTimeoutError, InvalidParameterError, MpsError
+from .._daemon.manager import DaemonSetup, HostContext
+from .._errors import DaemonTimeoutError, InvalidParameterError, MpsError
 from .._gpus import Gpu, Nvml
-from .._io import atomic_write, ensure_dir, read_text, refuse_unsafe_dirs, remove
+from .._io import ensure_dir, refuse_unsafe_dirs, remove
 from .._limits.manager import LimitsManager
-from .._outcome import Outcome
+from .._outcome import Change, Outcome
 from .._resource.layout import validate_root
+from .._resource.lock import HostLock
 from .._resource.scan import scan_config, scan_resources
-from .._resource.store import persisted_facts, read_persisted
 from .._shm import ShmManager, size_kib
-from .._supervisor.health import HEALTH_NAME, render_health
 from .._supervisor.logrotate import render_logrotate
 from .._supervisor.process import inspect
 from .._supervisor.unit import UNIT_DIR, Systemctl, systemd_is_pid1
-from .facts import FACT_FILE, facts_text, local_facts
+from .around import READY_FILE, Around
+from .execute import execute
+from .facts import facts_text, local_facts
 from .plan import ResourcePlan, plan_resources
+from .result import planned_resource, resource_result
 
-READY_FILE = '.ready'
-LOGROTATE_FILE = 'gpufleet-mps'
-HEALTH_TIMER = HEALTH_NAME + '.timer'
+__all__ = ['HostManager', 'HostOutcome', 'READY_FILE']
 
 
 @dataclass
@@ -58,11 +63,16 @@ class HostOutcome(Outcome):
     unhealthy: t.Dict[str, str] = field(default_factory=dict)
     facts: t.Optional[t.Dict[str, t.Any]] = None
     ui_processes: int = 0
+    # The changes a real run executed, each recorded after its side effect returned (check mode: none).
+    executed: t.List[Change] = field(default_factory=list)
 
     def take(self, name: str, out: Outcome) -> None:
-        """One resource's (or part's) planned actions, named, in this run's order."""
+        """One resource's (or part's) planned changes, named, in this run's order."""
         self.changed = self.changed or out.changed
+        for change in out.changes:
+            change.resource = change.resource or name
         self.actions.extend('%s: %s' % (name, action) for action in out.actions)
+        self.changes.extend(out.changes)
         self.warnings.extend(out.warnings)
         self.steps.extend(out.steps)
 
@@ -77,8 +87,9 @@ class _Resource:
     limits: t.Optional[t.Any] = None
     daemon: t.Optional[t.Any] = None
     restart: bool = False
-    # Recorded devices NVML no longer reports, found when the daemon was stopped for its restart.
-    gone: t.List[t.Dict[str, str]] = field(default_factory=list)
+    # The first half of its restart (every stop of the plan comes before any start), and the limits read before it.
+    stop: t.Optional[t.Any] = None
+    first_limits: t.Optional[t.Any] = None
 
 
 class HostManager:
@@ -95,6 +106,7 @@ class HostManager:
         self.config_dir = validate_root(params['config_dir'], 'config_dir')
         systemctl_path = shutil.which('systemctl')
         self.systemctl = Systemctl(systemctl_path) if systemctl_path and systemd_is_pid1() else None
+        self.around = Around(params, self.root, self.config_dir, unit_dir, self.systemctl)
         # What the plan found worth saying without refusing (devices: all leaving out GPUs in MIG mode).
         self.plan_warnings: t.List[str] = []
 
@@ -110,12 +122,13 @@ class HostManager:
             return DaemonSetup.from_params(values, self.binary)
         except InvalidParameterError as exc:
             if plan is not None and exc.param == 'name':
-                raise InvalidParameterError('resources[%d].name' % [r['name'] for r in p['resources']].index(name), exc.msg) from exc
+                raise InvalidParameterError('resources[%s].name' % name, exc.msg) from exc
             raise
 
     def validate(self, gpus: t.Sequence[Gpu]) -> t.Tuple[t.List[_Resource], t.List[_Resource]]:
         """(listed resources, resources to remove), every option checked; nothing read from a daemon, nothing changed."""
         p = self.params
+        self.plan_warnings = []
         plans = plan_resources(p['resources'], gpus, 'resources', warnings=self.plan_warnings) if p['state'] == 'present' else []
         if p['state'] == 'present':
             if p['shm']:
@@ -138,259 +151,185 @@ class HostManager:
                     removed.append(_Resource(name, self._setup(name, 'absent', None)))
         return listed, removed
 
-    # --- planning and applying ---------------------------------------------------------------------
-    def _manager(self, res: _Resource, check_mode: bool, ignore: t.FrozenSet[str]) -> ResourceManager:
-        manager = res.setup.manager(self.nvml, check_mode)
-        manager.ignore_owners = ignore
-        return manager
-
-    def _limits(self, res: _Resource, check_mode: bool) -> t.Any:
-        plan = res.plan
-        if plan is None:
-            raise MpsError('internal error: limits of the removed resource %s were asked for' % res.name)
-        running = inspect(res.setup.paths).running
-        manager = LimitsManager(res.setup.paths, res.setup.config, res.setup.daemon if running else None, self.nvml.gpus(),
-                                check_mode)
-        manager.exact = True
-        manager.planned = list(plan.devices)
-        return manager.ensure(plan.active_thread_percentage, plan.pinned_device_mem_limit, plan.replicas, 'ignore', True, True)
-
-    def _daemon(self, res: _Resource, state: str, check_mode: bool, ignore: t.FrozenSet[str]) -> t.Any:
+    # --- the run -----------------------------------------------------------------------------------
+    def lock_timeout(self) -> int:
+        """Long enough for another run's busy wait, stops and starts; bounded."""
         p = self.params
-        manager = self._manager(res, check_mode, ignore)
-        manager.restart_reason = res.limits.restart_needed if res.limits is not None else ''
-        if res.plan is None:
-            # A pruned resource keeps its logs; a teardown removes them when asked to.
-            return manager.ensure('absent', 'all', False, p['compute_mode'], False, False,
-                                  remove_logs=p['remove_logs'] and p['state'] == 'absent')
-        return manager.ensure(state, [gpu.uuid for gpu in res.plan.devices], res.plan.multiuser, p['compute_mode'], True,
-                              p['shm'], foreground=p['foreground'])
+        return int(p['busy_timeout'] if p['busy'] == 'wait' else 0) + 2 * (p['start_timeout'] + p['stop_timeout']) + 60
 
     def ensure(self, gpus: t.Sequence[Gpu]) -> HostOutcome:
         listed, removed = self.validate(gpus)
-        ignore = frozenset(res.name for res in listed + removed)
-        p = self.params
         refuse_unsafe_dirs([(self.root, 'root'), (self.config_dir, 'config_dir')])
-        withdraw = p['ready'] and not self.check_mode and p['state'] == 'present'
-        try:
-            out = self._plan(listed, removed, ignore)
-        except (DaemonTimeoutError, ControlBinaryError):
-            # A daemon that does not answer (sanely) is not healthy: the mark goes, nothing else was changed.
-            if withdraw:
-                remove(os.path.join(self.root, READY_FILE))
-            raise
-        # Any other refusal of the plan (a busy daemon, a GPU another root's daemon serves) changed nothing: the
-        # daemons are as healthy as before, and the mark stays as it was.
-        try:
+        if not self.check_mode and self.params['state'] == 'present':
+            ensure_dir(self.root, 0o755)  # the lock's directory; a run on a new host waits for another run on it too
+        with HostLock(self.root, not self.check_mode, self.lock_timeout()) as lock:
+            if lock.waited:
+                # Another run changed the host meanwhile: read it again, and plan from what it left.
+                self.nvml.refresh()
+                listed, removed = self.validate(self.nvml.gpus())
+            try:
+                out = self.plan(listed, removed)
+            except DaemonTimeoutError:
+                # A daemon that does not answer is not healthy: the ready mark goes, nothing else was changed.
+                if not self.check_mode and self.params['ready']:
+                    remove(os.path.join(self.root, READY_FILE))
+                raise
             if not self.check_mode and out.changed:
-                out = self._apply(listed, removed, ignore)
-            self._finish(listed, out)
-        except MpsError:
-            # A half-applied run must not leave the root marked ready.
-            if withdraw:
-                remove(os.path.join(self.root, READY_FILE))
-            raise
+                execute(out, listed, self.around.ready_path)
+            self._results(listed, out)
         out.ui_processes = sum(res.setup.daemon.client.processes for res in listed + removed)
         out.warnings[:0] = self.plan_warnings
         return out
 
-    def _plan(self, listed: t.List[_Resource], removed: t.List[_Resource], ignore: t.FrozenSet[str]) -> HostOutcome:
-        """Every action of the run, in check mode: nothing is changed here."""
-        return self._run(listed, removed, ignore, check_mode=True)
-
-    def _apply(self, listed: t.List[_Resource], removed: t.List[_Resource], ignore: t.FrozenSet[str]) -> HostOutcome:
-        """The planned change; each step reads the state again under its locks."""
-        return self._run(listed, removed, ignore, check_mode=False)
-
-    def _run(self, listed: t.List[_Resource], removed: t.List[_Resource], ignore: t.FrozenSet[str], check_mode: bool) -> HostOutcome:
-        """The run's steps in the order that always works: planned (check_mode) or applied, step by step."""
-        out = HostOutcome()
-        absent = self.params['state'] == 'absent'
-        if absent:
-            # The health timer first: it would write the mark back while the daemons are still answering.
-            first = HostOutcome()
-            self._health(first, False)
-            self._withdraw_ready(first, 'state=absent')
-            if not check_mode:
-                first.apply()
-            out.take('host', first)
-        else:
-            self._shm(out, check_mode)
-        for res in removed:
-            out.take(res.name, self._daemon(res, 'absent', check_mode, ignore))
-            out.removed.append(res.name)
-        if absent:
-            self._shm(out, check_mode)
-        if not check_mode:
-            # The plan's restarts become a stop of every one of them before any start: GPU moves and swaps.
-            for res in listed:
-                if res.restart:
-                    stopped = self._daemon(res, 'stopped', False, ignore)
-                    res.gone = list(stopped.gone)
-                    out.take(res.name, stopped)
-                    res.setup.daemon.answered = False
+    def plan(self, listed: t.List[_Resource], removed: t.List[_Resource]) -> HostOutcome:
+        """Every change of the run, in the order that always works; nothing is changed here."""
+        p = self.params
+        absent = p['state'] == 'absent'
+        ignore = frozenset(res.name for res in listed + removed)
+        would_remove: t.List[str] = []
+        # Whether each listed resource restarts: its limits and daemon planned against the host as it is.
         for res in listed:
-            res.limits = self._limits(res, check_mode)
-            if check_mode:
-                res.restart = bool(res.limits.restart_needed)
-            res.daemon = self._daemon(res, 'restarted' if check_mode and res.restart else 'started', check_mode, ignore)
-            if check_mode:
-                res.restart = res.daemon.restarting
-            out.take(res.name, res.limits)
-            out.take(res.name, res.daemon)
-        out.steps = []  # applied by each manager already, or never (the plan)
+            res.limits = self._limits(res, assume_stopped=False)
+            res.daemon = self._daemon(res, 'restarted' if res.limits.restart_needed else 'started',
+                                      HostContext(ignore, would_remove, restart_reason=res.limits.restart_needed,
+                                                  shm_planned=p['shm'], **self._planned_limits(res)))
+            res.restart = res.daemon.restarting
+        kept = frozenset(gpu.uuid for res in listed for gpu in res.plan.devices) if p['compute_mode'] != 'unchanged' else frozenset()
+        body = HostOutcome()
+        if absent:
+            self.around.health(body, False)  # first: the timer would write the mark back while daemons still answer
+        else:
+            self._shm(body)
+        for res in removed:
+            res.daemon = self._daemon(res, 'absent', HostContext(ignore, would_remove, keep_modes=kept))
+            body.take(res.name, res.daemon)
+            body.removed.append(res.name)
+        if absent:
+            self._shm(body)
+        for res in listed:
+            if res.restart:
+                res.stop = self._daemon(res, 'stopped', HostContext(ignore, would_remove, keep_modes=kept,
+                                                                    restart_for=res.daemon.restart_why,
+                                                                    restart_onto=res.plan.devices))
+                body.take(res.name, res.stop)
+        for res in listed:
+            if res.restart:
+                res.first_limits = res.limits
+                res.limits = self._limits(res, assume_stopped=True)
+                res.daemon = self._daemon(res, 'started', HostContext(ignore, would_remove, assume_stopped=True, shm_planned=p['shm'],
+                                                                      **self._planned_limits(res)))
+            body.take(res.name, res.limits)
+            body.take(res.name, res.daemon)
+        return self._order(body, listed, absent)
+
+    def _order(self, body: HostOutcome, listed: t.List[_Resource], absent: bool) -> HostOutcome:
+        """Waits first, then the ready mark withdrawn if anything goes down, the body, the files around, the mark last."""
+        out = HostOutcome(removed=body.removed, warnings=list(body.warnings))
+        waits = [(change, run) for change, run in body.steps if change is not None and change.kind == 'wait']
+        rest = [(change, run) for change, run in body.steps if change is None or change.kind != 'wait']
+        down = [res.name for res in listed if res.restart or res.daemon.before.get('state') != 'running'] + list(body.removed)
+        head = Outcome()
+        withdrawn = False
+        if absent:
+            withdrawn = self.around.withdraw_ready(head, 'state=absent')
+        elif down or not listed:
+            withdrawn = self.around.withdraw_ready(head, 'no resource is listed' if not listed else 'down during this run: %s'
+                                                   % ', '.join(sorted(set(down))))
+        tail = Outcome()
+        if not absent:
+            self.around.health(tail, bool(listed))
+        self.around.logrotate(tail, not absent)
+        if not absent and self.params['local_facts']:
+            out.facts = local_facts([res.plan.as_dict() for res in listed if res.plan], [planned_resource(res) for res in listed],
+                                    [gpu.facts() for gpu in self.nvml.gpus()], self.root)
+        self.around.local_facts(tail, facts_text(out.facts) if out.facts is not None else None)
+        if absent and self.params['remove_logs']:
+            tail.step(lambda: _rmdir_if_empty(self.root))
+        if not absent and listed:
+            self.around.mark_ready(tail, withdrawn, lambda: self._check_healthy(listed))
+        for change in head.changes + tail.changes:
+            change.resource = 'host'
+        out.warnings += head.warnings + tail.warnings
+        out.steps = waits + head.steps + rest + tail.steps
+        out.changes = [change for change, _ in out.steps if change is not None]
+        out.actions = ['%s: %s' % (change.resource, change.text) for change in out.changes]
+        out.changed = bool(out.changes)
         return out
 
-    def _shm(self, out: HostOutcome, check_mode: bool) -> None:
+    # --- one resource ------------------------------------------------------------------------------
+    @staticmethod
+    def _planned_limits(res: _Resource) -> t.Dict[str, t.Any]:
+        return dict(limits=res.limits.wanted, limits_replay_for=res.limits.replay_for, limits_planned=True)
+
+    def _limits(self, res: _Resource, assume_stopped: bool) -> t.Any:
+        plan = res.plan
+        if plan is None:
+            raise MpsError('internal error: limits of the removed resource %s were asked for' % res.name)
+        running = not assume_stopped and inspect(res.setup.paths).running
+        manager = LimitsManager(res.setup.paths, res.setup.config, res.setup.daemon if running else None, self.nvml.gpus(),
+                                self.check_mode)
+        manager.exact = True
+        manager.planned = list(plan.devices)
+        manager.assume_stopped = assume_stopped
+        out = manager.plan(plan.active_thread_percentage, plan.pinned_device_mem_limit, plan.replicas,
+                           self.params['running_servers'])
+        if out.pending and not assume_stopped:
+            out.warnings.append('%d running MPS server(s) of %s (pid %s) keep the limits they started with, and so do the '
+                                'clients they get from now on; running_servers=update sets their limits too' % (
+                                    len(out.pending), res.name, ', '.join(str(server['pid']) for server in out.pending)))
+        return out
+
+    def _daemon(self, res: _Resource, state: str, host: HostContext) -> t.Any:
+        p = self.params
+        manager = res.setup.manager(self.nvml, self.check_mode, host)
+        if res.plan is None:
+            # A pruned resource keeps its logs; a teardown removes them when asked to.
+            return manager.plan('absent', 'all', False, p['compute_mode'], False, False,
+                                remove_logs=p['remove_logs'] and p['state'] == 'absent')
+        return manager.plan(state, [gpu.uuid for gpu in res.plan.devices], res.plan.multiuser, p['compute_mode'], True,
+                            p['shm'], foreground=p['foreground'])
+
+    def _shm(self, out: HostOutcome) -> None:
         p = self.params
         absent = p['state'] == 'absent'
         if not (p['shm'] or absent):
             return
         manager = ShmManager.for_host(self.root, 'absent' if absent else 'mounted', p['shm_persist'], '/etc/fstab', self.unit_dir,
-                                      check_mode, p['selinux_type'], param='shm_persist')
+                                      self.check_mode, p['selinux_type'], param='shm_persist')
         persisted = manager._persisted()
         if absent and not os.path.isdir(manager.given_path) and not persisted['fstab'] and not persisted['unit']:
             return
-        # The plan stops every daemon of the root before the unmount; the real run checks again then.
-        manager.daemons_stop_first = absent and check_mode
-        shm = manager.ensure('absent' if absent else 'mounted', p['shm_size'])
-        out.take('shm', shm)
+        # The plan stops every daemon of the root before the unmount.
+        manager.daemons_stop_first = absent
+        out.take('shm', manager.plan('absent' if absent else 'mounted', p['shm_size']))
 
-    # --- the files around the daemons ---------------------------------------------------------------
-    def _write(self, out: HostOutcome, path: str, text: str, mode: int, why: str) -> bool:
-        if read_text(path) == text and _mode(path) == mode:
-            return False
-        out.act('write %s' % path, None if self.check_mode else (lambda: atomic_write(path, text, mode)), why)
-        return True
-
-    def _remove(self, out: HostOutcome, path: str, why: str) -> bool:
-        if not os.path.lexists(path):
-            return False
-        out.act('remove %s' % path, None if self.check_mode else (lambda: remove(path)), why)
-        return True
-
-    def _withdraw_ready(self, out: HostOutcome, why: str) -> None:
-        if self.params['ready']:
-            self._remove(out, os.path.join(self.root, READY_FILE), why)
-
-    def _finish(self, listed: t.List[_Resource], out: HostOutcome) -> None:
-        """Health of every listed daemon, the ready mark, the health check, log rotation, local facts."""
-        p = self.params
-        present = p['state'] == 'present'
-        after = HostOutcome()
+    # --- after -------------------------------------------------------------------------------------
+    def _check_healthy(self, listed: t.List[_Resource]) -> None:
+        """Before the ready mark: every listed daemon runs and answers (one UI process for one not heard from yet)."""
+        unhealthy = {}
         for res in listed:
-            out.resources.append(self._result(res, out))
-        if present:
-            out.ready = not out.unhealthy
-            ready = os.path.join(self.root, READY_FILE)
-            if p['ready'] and out.ready:
-                if not os.path.exists(ready):
-                    def mark() -> None:
-                        ensure_dir(self.root, 0o755)
-                        atomic_write(ready, '', 0o644)
-                    after.act('write %s' % ready, None if self.check_mode else mark, 'every listed daemon answers')
-            elif p['ready']:
-                self._remove(after, ready, 'not healthy: %s' % ', '.join(sorted(out.unhealthy)))
-        if present:
-            self._health(after, bool(listed))
-        drop_in = os.path.join(p['logrotate_dir'], LOGROTATE_FILE)
-        if present and p['logrotate'] and os.path.isdir(p['logrotate_dir']):
-            self._write(after, drop_in, render_logrotate(self.root, p['logrotate_size'], p['logrotate_rotate']), 0o644,
-                        'rotate the daemons\' logs (copytruncate)')
-        elif os.path.isdir(p['logrotate_dir']):
-            self._remove(after, drop_in, 'state=absent' if not present else 'logrotate=false')
-        fact = os.path.join(p['local_facts_dir'], FACT_FILE) if p['local_facts_dir'] else None
-        if fact and present and p['local_facts']:
-            out.facts = local_facts([res.plan.as_dict() for res in listed if res.plan], out.resources,
-                                    [gpu.facts() for gpu in self.nvml.gpus()], self.root)
-            if not self.check_mode:
-                after.step(lambda: ensure_dir(p['local_facts_dir'], 0o755))
-            self._write(after, fact, facts_text(out.facts), 0o644, 'local facts for schedulers and later plays')
-        elif fact:
-            self._remove(after, fact, 'state=absent' if not present else 'local_facts=false')
-        if not present and p['remove_logs']:
-            after.step(lambda: _rmdir_if_empty(self.root))
-        out.take('host', after)
-        if not self.check_mode:
-            after.apply()
-        if present and out.unhealthy:
-            raise MpsError('MPS daemons not healthy: %s (see %s/<resource>/log)' % (
+            item = resource_result(res, check_mode=False)
+            if not item['healthy']:
+                unhealthy[res.name] = item['reason']
+        if unhealthy:
+            raise MpsError('MPS daemons not healthy: %s (see the control.log in each one\'s log directory under %s)' % (
+                '; '.join('%s: %s' % item for item in sorted(unhealthy.items())), self.root), unhealthy=unhealthy)
+
+    def _results(self, listed: t.List[_Resource], out: HostOutcome) -> None:
+        """Every listed resource as it is after the run (check mode: as planned)."""
+        for res in listed:
+            item = resource_result(res, self.check_mode)
+            if not item.pop('healthy_now', True):
+                out.unhealthy[res.name] = item['reason']
+            item.pop('reason', None)
+            out.resources.append(item)
+        if self.params['state'] == 'present':
+            out.ready = bool(listed) and not out.unhealthy
+        if self.params['state'] == 'present' and out.unhealthy and not self.check_mode:
+            if self.params['ready']:
+                remove(self.around.ready_path)
+            raise MpsError('MPS daemons not healthy: %s (see the control.log in each one\'s log directory under %s)' % (
                 '; '.join('%s: %s' % item for item in sorted(out.unhealthy.items())), self.root), unhealthy=out.unhealthy)
-
-    def _health(self, out: HostOutcome, wanted_here: bool) -> None:
-        """The health timer that keeps the ready mark true between runs, where systemd supervises the daemons."""
-        p = self.params
-        files = render_health(self.root, self.config_dir, self.unit_dir, p['health_interval'], p['health_timeout'])
-        timer = os.path.join(self.unit_dir, HEALTH_TIMER)
-        wanted = (wanted_here and p['health_check'] and p['supervisor'] != 'none' and p['ready'] and self.systemctl is not None)
-        systemctl = self.systemctl
-        if wanted and systemctl is not None:
-            written = False
-            for path, text in files.items():
-                written = self._write(out, path, text, 0o644 if path.startswith(self.unit_dir) else 0o755,
-                                      'the health check keeps %s/.ready true between runs' % self.root) or written
-            if written:
-                out.step(systemctl.daemon_reload)
-            if written or not systemctl.is_enabled(HEALTH_TIMER):
-                out.act('enable %s' % HEALTH_TIMER, lambda: systemctl.enable(HEALTH_TIMER))
-            if written or not systemctl.is_active(HEALTH_TIMER):
-                out.act('start %s' % HEALTH_TIMER, lambda: systemctl.restart(HEALTH_TIMER))
-        elif os.path.exists(timer):
-            if systemctl is not None:
-                out.act('stop and disable %s' % HEALTH_TIMER, lambda: (systemctl.stop(HEALTH_TIMER), systemctl.disable(HEALTH_TIMER)))
-            for path in files:
-                self._remove(out, path, 'the health check does not belong here (any more)')
-            if systemctl is not None:
-                out.step(systemctl.daemon_reload)
-
-    def _result(self, res: _Resource, out: HostOutcome) -> t.Dict[str, t.Any]:
-        """The resource as it is after the run: its daemon, its limits, whether it answers."""
-        paths = res.setup.paths
-        state = inspect(paths)
-        healthy = False
-        reason = ''
-        if self.check_mode:
-            healthy = state.running or bool(res.daemon and res.daemon.changed)
-        elif state.running:
-            try:
-                if not res.setup.daemon.answered:
-                    res.setup.daemon.ping()
-                healthy = True
-            except MpsError as exc:
-                reason = exc.msg
-        else:
-            reason = 'not running'
-        if not healthy and not self.check_mode:
-            out.unhealthy[res.name] = reason or 'not running'
-        limits = res.limits
-        return {
-            'name': res.name,
-            'pid': state.pid if state.running else (res.daemon.pid if res.daemon else None),
-            'running': state.running,
-            'healthy': healthy,
-            'devices': [dict(gpu.summary(), ordinal=ordinal) for ordinal, gpu in enumerate(res.plan.devices)] if res.plan else [],
-            'multiuser': res.plan.multiuser if res.plan else False,
-            'replicas': res.plan.replicas if res.plan else None,
-            'env': paths.client_env(),
-            'container': res.setup.container,
-            'limits': {'persisted': persisted_facts(read_persisted(res.setup.config)), 'commands': limits.commands if limits else [],
-                       'pending': limits.pending if limits else []},
-            'restarted': res.restart,
-            'changed': bool((res.daemon and res.daemon.changed) or (limits and limits.changed)),
-            'actions': (limits.actions if limits else []) + (res.daemon.actions if res.daemon else []),
-            'started_at': res.daemon.started_at if res.daemon else None,
-            'notes': list(res.daemon.notes) if res.daemon else [],
-            'gone': res.gone + [item for item in (res.daemon.gone if res.daemon else []) if item not in res.gone],
-            'diff': {'before': dict(res.daemon.before if res.daemon else {}, limits=limits.before if limits else None),
-                     'after': dict(res.daemon.after if res.daemon else {}, limits=limits.after if limits else None)},
-        }
-
-
-def _mode(path: str) -> t.Optional[int]:
-    try:
-        return os.stat(path).st_mode & 0o7777
-    except OSError:
-        return None
 
 
 def _rmdir_if_empty(path: str) -> None:

@@ -20,7 +20,7 @@ from .._protocol.state import read_state
 from .._resource.lock import resource_lock
 from .._supervisor.process import Daemon, DaemonState, inspect
 from .._gpus import Gpu, all_devices, is_mig_uuid, resolve_devices
-from .._io import ensure_dir, read_text, refuse_unsafe_dirs, remove
+from .._io import ensure_dir, read_text, refuse_unsafe_dirs, remove, restorer
 from .._resource.record import read_record
 from .._proc import child_pids, uuids_from_environ
 from .model import (
@@ -71,6 +71,10 @@ class LimitsOutcome(Outcome):
     # Why the running daemon must restart for the wanted limits (exact mode: a pinned memory limit to remove,
     # which MPS has no command for); empty when it need not.
     restart_needed: str = ''
+    # The limits the plan persists (exact mode: none persisted when empty).
+    wanted: t.Optional[Limits] = None
+    # The device order the plan keeps the commands file in (None: unknown, the daemon's first start writes it).
+    replay_for: t.Optional[t.List[str]] = None
 
 
 class LimitsManager:
@@ -95,10 +99,16 @@ class LimitsManager:
         # re-created), it restarts on these: the limits are checked and persisted for them, not sent to the old daemon.
         self.planned: t.Optional[t.List[Gpu]] = None
         self.restart_reasons: t.List[str] = []
+        # mps_host: the daemon is stopped by an earlier change of the same plan (its restart): persist, do not send.
+        self.assume_stopped = False
 
     # --- what the daemon has ----------------------------------------------------------------------
     def scope(self, create: bool) -> t.Tuple[t.List[Gpu], bool, t.Optional[int]]:
         """The daemon's GPUs in ordinal order, whether it runs, and its pid."""
+        if self.assume_stopped and self.planned is not None:
+            self.state = None
+            self.order_known = self.scope_known = True
+            return list(self.planned), False, None
         state = self.state = inspect(self.paths)
         if state.conflict:
             raise MpsError('the MPS control daemon for %s: %s' % (self.paths.name, state.conflict), pid=state.pid)
@@ -181,14 +191,22 @@ class LimitsManager:
                    for server in readout.servers]
         return readout.default_percentage, dict(enumerate(readout.default_mem)), servers
 
-    def ensure(self, percentage: t.Any, mem: t.Any, replicas: t.Any, running_servers: str, persist_limits: bool,
-               create: bool) -> LimitsOutcome:
+    def plan(self, percentage: t.Any, mem: t.Any, replicas: t.Any, running_servers: str) -> LimitsOutcome:
+        """Every change to the limits (persisted, sent to the running daemon), unapplied: mps_host executes a host's plan."""
+        self._check(percentage, mem, replicas, running_servers)
+        return self._plan(percentage, mem, replicas, running_servers, True, True)
+
+    def _check(self, percentage: t.Any, mem: t.Any, replicas: t.Any, running_servers: str) -> None:
         if running_servers not in RUNNING_SERVERS_CHOICES:
             raise InvalidParameterError('running_servers', 'must be one of %s' % ', '.join(RUNNING_SERVERS_CHOICES))
         if percentage is None and mem is None and replicas is None and not self.exact:
             raise InvalidParameterError('active_thread_percentage', 'give at least one of active_thread_percentage, '
                                         'pinned_device_mem_limit or replicas')
         refuse_unsafe_dirs(managed_dirs(self.paths, self.config.config_dir))
+
+    def ensure(self, percentage: t.Any, mem: t.Any, replicas: t.Any, running_servers: str, persist_limits: bool,
+               create: bool) -> LimitsOutcome:
+        self._check(percentage, mem, replicas, running_servers)
         # Every check raises here, before the lock creates anything; under the lock the state is read again,
         # so that a concurrent mps_daemon or mps_limits run on this resource is seen whole or not at all.
         self.wanted(self.scope(create)[0], percentage, mem, replicas)
@@ -208,7 +226,7 @@ class LimitsManager:
         scope, running, pid = self.scope(create)
         wanted = self.wanted(scope, percentage, mem, replicas)
         persisted = read_persisted(self.config)
-        out = LimitsOutcome(running=running)
+        out = LimitsOutcome(running=running, wanted=wanted)
         out.limits = self._describe(wanted, scope)
         out.after = {'active_thread_percentage': wanted.active_thread_percentage,
                      'pinned_device_mem_limit': {str(o): _mib_text(wanted.mem_for(g.uuid)) for o, g in enumerate(scope)}}
@@ -216,6 +234,14 @@ class LimitsManager:
             pct, mem_read, servers = self.read(scope, pid)
             out.before = {'active_thread_percentage': pct,
                           'pinned_device_mem_limit': {str(o): v for o, v in mem_read.items()}}
+            # Compared as the daemon reports them: 10240M set reads back 10G, and is no change.
+            target = 100.0 if wanted.active_thread_percentage is None and self.exact else wanted.active_thread_percentage
+            if pct is not None and target is not None and percentage_matches(pct, target):
+                out.after['active_thread_percentage'] = pct
+            for ordinal, gpu in enumerate(scope):
+                mib = wanted.mem_for(gpu.uuid)
+                if mib is not None and readback_matches(parse_readback(mem_read.get(ordinal) or ''), mib):
+                    out.after['pinned_device_mem_limit'][str(ordinal)] = mem_read[ordinal]
             self.restart_reasons = []
             out.commands = self._default_commands(wanted, persisted, scope, pct, mem_read, out.warnings)
             out.restart_needed = '; '.join(self.restart_reasons)
@@ -235,13 +261,16 @@ class LimitsManager:
             self._forget(out)
         elif persist_limits:
             uuids = [g.uuid for g in scope]
+            out.replay_for = uuids if self.order_known else None
             if persist(self.config, wanted, check_mode=True):
-                out.act('write %s' % self.config.limits_json, lambda: (
+                change = out.act('write %s' % self.config.limits_json, lambda: (
                     ensure_dir(self.config.config_dir, 0o755), persist(self.config, wanted, check_mode=False)))
+                change.undo = restorer(self.config.limits_json)
                 out.persisted = True
             if self.order_known and write_replay(self.config, wanted, uuids, check_mode=True):
-                out.act('write %s' % self.config.limits_file, lambda: (
+                change = out.act('write %s' % self.config.limits_file, lambda: (
                     ensure_dir(self.config.config_dir, 0o755), write_replay(self.config, wanted, uuids, check_mode=False)))
+                change.undo = restorer(self.config.limits_file)
                 out.persisted = True
         elif not running:
             out.warnings.append('persist=false and no daemon is running: nothing was done')

@@ -37,8 +37,10 @@ SHM_DIR = 'shm'
 DEFAULT_LOG_MODE = 0o700
 LOG_MODE_FORM = ('an octal mode string such as "0700" (root only, the default), "0750" (and the directory\'s group) '
                  'or "0755" (everyone): all owner bits, no write or special bits for group and others')
-NAME_FORM = ('one or two segments separated by "/", each of letters, digits, ".", "_" and "-" '
-             'and neither "." nor "..", e.g. "nvidia.com/gpu" or "train"')
+NAME_FORM = ('one or two segments separated by "/", each of letters, digits, ".", "_" and "-", not starting with "."; '
+             'not "shm", and no second segment "pipe" or "log"; e.g. "nvidia.com/gpu" or "train"')
+# A resource's own entries: a nested name ending in one of them would be another resource's directory.
+OWN_ENTRIES = ('pipe', 'log')
 
 _SEGMENT = re.compile(r'[A-Za-z0-9._-]+')
 _SYSTEMD_PLAIN = frozenset(string.ascii_letters + string.digits + ':_.')
@@ -79,6 +81,15 @@ def validate_name(name: object, param: str = 'name') -> str:
     for segment in segments:
         if segment in ('', '.', '..') or not _SEGMENT.fullmatch(segment):
             raise InvalidParameterError(param, '%r is not a valid resource name: %s' % (name, NAME_FORM))
+        if segment.startswith('.'):
+            # <root>/.ready, <root>/<name>/.lock, .started: the collection's own files start with a dot.
+            raise InvalidParameterError(param, '%r would collide with the files this collection keeps under the root (.ready, '
+                                        '.lock, .started start with "."): %s' % (name, NAME_FORM))
+    if segments[0] == SHM_DIR:
+        raise InvalidParameterError(param, '%r would put a daemon inside <root>/%s, the shared tmpfs: %s' % (name, SHM_DIR, NAME_FORM))
+    if len(segments) == 2 and segments[1] in OWN_ENTRIES:
+        raise InvalidParameterError(param, '%r would be the %s directory of a resource named %r (two daemons would share '
+                                    'it): %s' % (name, segments[1], segments[0], NAME_FORM))
     return name
 
 

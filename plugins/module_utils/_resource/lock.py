@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
 import typing as t
 
+from .._errors import MpsError
 from .._io import ensure_dir
 from .layout import ResourcePaths
 
@@ -82,3 +84,39 @@ class ResourceLock:
             self._fd = None
         if self._root is not None:
             self._root.__exit__(*exc_info)
+
+
+class HostLock(RootLock):
+    """The root's lock for a whole host's run (``mps_host``): one run at a time, with a bounded wait.
+
+    Exclusive for a run that may change the host, shared for a check-mode preview. It is the root directory's
+    own ``flock``, so it creates no file (a preview changes nothing); a root that does not exist yet has no
+    concurrent user to wait for. ``waited`` says whether another run held it: what was read before is stale.
+    """
+
+    POLL = 0.05
+
+    def __init__(self, root: str, exclusive: bool, timeout: float) -> None:
+        super().__init__(root, exclusive)
+        self.timeout = timeout
+        self.waited = False
+
+    def __enter__(self) -> 'HostLock':
+        try:
+            self._fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return self
+        mode = (fcntl.LOCK_EX if self.exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                fcntl.flock(self._fd, mode)
+                return self
+            except BlockingIOError:
+                self.waited = True
+                if time.monotonic() >= deadline:
+                    os.close(self._fd)
+                    self._fd = None
+                    raise MpsError('another run of mps_host (or mps_shm) on this host still holds %s after %ds: nothing '
+                                   'was done; run again when it has finished' % (self.root, self.timeout), path=self.root)
+                time.sleep(self.POLL)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from .._gpus import Gpu, visible_gpus
 from .._proc import control_daemons, same_directory
-from .._supervisor.process import DEFAULT_PIPE_DIR, DaemonState, inspect
+from .._supervisor.process import DEFAULT_PIPE_DIR, DaemonState, inspect, read_pid_file
 from .layout import SHM_DIR, is_valid_name, resource_paths, systemd_instance
 from .record import StartRecord, read_record
 
@@ -120,9 +120,19 @@ class ForeignDaemon:
     pipe_dir: t.Optional[str]
     uid: t.Optional[int]
     uuids: t.List[str]
+    # A daemon of this root that its pipe directory no longer names (deleted under it, or a second one started there).
+    orphan: bool = False
 
     def describe(self) -> str:
+        if self.orphan:
+            return ('pid %d, an orphaned daemon of this root: its pipe directory %s no longer leads to it (deleted under the '
+                    'running daemon?), so quit cannot reach it - end it with kill %d' % (self.pid, self.pipe_dir, self.pid))
         return 'pid %d (pipe directory %s, uid %s)' % (self.pid, self.pipe_dir or 'unknown: its environment cannot be read', self.uid)
+
+
+def _orphaned(pipe: str, pid: int) -> bool:
+    """A daemon whose pipe directory is gone, or names another daemon: nothing under the root leads to it any more."""
+    return read_pid_file(pipe) != pid
 
 
 def foreign_daemons(own_pipe_dir: t.Optional[str], gpus: t.Sequence[Gpu], own_pid: t.Optional[int] = None,
@@ -145,11 +155,15 @@ def foreign_daemons(own_pipe_dir: t.Optional[str], gpus: t.Sequence[Gpu], own_pi
             continue
         # The same directory seen through the daemon's own root (a container's daemon names its own path);
         # where that cannot be read, the same path.
+        uuids = [gpu.uuid for gpu in visible_gpus(found.visible_devices, gpus)]
+        if outside is not None and pipe.startswith(os.path.join(os.path.normpath(outside), '')):
+            # This root's daemons are told by their start records - unless nothing under the root leads to one any more.
+            if _orphaned(pipe, found.pid):
+                known.append(ForeignDaemon(found.pid, pipe, found.uid, uuids, orphan=True))
+            continue
         if own_pipe_dir is not None:
             same = same_directory('%s/%d/root%s' % (proc, found.pid, pipe), own_pipe_dir)
             if same or (same is None and pipe == os.path.normpath(own_pipe_dir)):
                 continue
-        if outside is not None and pipe.startswith(os.path.join(os.path.normpath(outside), '')):
-            continue
-        known.append(ForeignDaemon(found.pid, pipe, found.uid, [gpu.uuid for gpu in visible_gpus(found.visible_devices, gpus)]))
+        known.append(ForeignDaemon(found.pid, pipe, found.uid, uuids))
     return known, unreadable

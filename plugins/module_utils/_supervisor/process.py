@@ -214,6 +214,12 @@ class Daemon:
         self.answered = False
 
     @property
+    def see_log(self) -> str:
+        """The control log for a message: its path where it exists, else why there is none to read."""
+        path = self.control_log
+        return path if os.path.exists(path) else '%s - which does not exist: the daemon never got to write it' % path
+
+    @property
     def control_log(self) -> str:
         return os.path.join(self.paths.log_dir, 'control.log')
 
@@ -225,7 +231,7 @@ class Daemon:
             pid = read_pid_file(self.paths.pipe_dir)
             raise DaemonTimeoutError(
                 'the MPS control daemon for %s (pid %s) accepted the connection but did not answer within %ss; '
-                'it was left running - see %s' % (self.paths.name, pid if pid else 'unknown', self.start_timeout, self.control_log),
+                'it was left running - see %s' % (self.paths.name, pid if pid else 'unknown', self.start_timeout, self.see_log),
                 pid=pid, log_file=self.control_log) from exc
 
     def check_answer(self, reply: Reply) -> float:
@@ -235,7 +241,7 @@ class Daemon:
         except ControlCommandError:
             raise ControlBinaryError(
                 '%s answered %r to %s, not a thread percentage: is it really nvidia-cuda-mps-control? (see %s)' % (
-                    self.binary, reply.text[:200], reply.command, self.control_log), control_binary=self.binary) from None
+                    self.binary, reply.text[:200], reply.command, self.see_log), control_binary=self.binary) from None
 
     def ping(self) -> float:
         """One UI process: the daemon answers, sanely, or this raises."""
@@ -265,7 +271,7 @@ class Daemon:
             proc = subprocess.run(argv, env=env, capture_output=True, text=True,
                                   timeout=self.start_timeout, stdin=subprocess.DEVNULL, check=False)
         except subprocess.TimeoutExpired as exc:
-            raise DaemonTimeoutError('%s -d did not return within %ss (see %s)' % (self.binary, self.start_timeout, self.control_log),
+            raise DaemonTimeoutError('%s -d did not return within %ss (see %s)' % (self.binary, self.start_timeout, self.see_log),
                                      log_file=self.control_log) from exc
         except OSError as exc:
             raise ControlBinaryError('cannot run %s: %s' % (self.binary, exc), control_binary=self.binary) from exc
@@ -274,7 +280,7 @@ class Daemon:
             raise MpsError('another MPS control daemon started on %s at the same time' % self.paths.pipe_dir, stdout=output)
         if proc.returncode != 0:
             raise ControlBinaryError('%s -d failed with status %d: %s (see %s)' % (
-                self.binary, proc.returncode, output or '(no output)', self.control_log), rc=proc.returncode, stdout=output)
+                self.binary, proc.returncode, output or '(no output)', self.see_log), rc=proc.returncode, stdout=output)
         try:
             self.wait_ready(replay)
         except (ControlBinaryError, ControlCommandError, DaemonNotRunningError, DaemonTimeoutError) as exc:
@@ -283,13 +289,13 @@ class Daemon:
             # Killed (or crashed) after -d answered but before the session carrying the replay ended.
             raise MpsError('the MPS control daemon for %s died while its persisted limits were being replayed (%s); '
                            'nothing was recorded as started, and the next run starts it again and replays them - see %s' % (
-                               self.paths.name, exc.msg, self.control_log), log_file=self.control_log) from exc
+                               self.paths.name, exc.msg, self.see_log), log_file=self.control_log) from exc
         state = inspect(self.paths)
         if not state.running or state.pid is None:
-            raise MpsError('the MPS control daemon for %s exited right after starting (see %s)' % (self.paths.name, self.control_log))
+            raise MpsError('the MPS control daemon for %s exited right after starting (see %s)' % (self.paths.name, self.see_log))
         if self.shm_dir and daemon_dev_shm(state.pid, self.shm_dir) != self.shm_dir:
             raise MpsError('the MPS control daemon for %s (pid %d) does not see %s as its /dev/shm; it was left running - '
-                           'see %s' % (self.paths.name, state.pid, self.shm_dir, self.control_log), pid=state.pid)
+                           'see %s' % (self.paths.name, state.pid, self.shm_dir, self.see_log), pid=state.pid)
         return state.pid
 
     def unshare_binary(self) -> str:
@@ -328,7 +334,7 @@ class Daemon:
             except DaemonNotRunningError:
                 if time.monotonic() + delay > deadline:
                     raise DaemonTimeoutError('the MPS control daemon for %s did not start answering within %ss (see %s)' % (
-                        self.paths.name, self.start_timeout, self.control_log), log_file=self.control_log) from None
+                        self.paths.name, self.start_timeout, self.see_log), log_file=self.control_log) from None
                 self.sleep(delay)
                 delay = min(delay * 2, 0.25)
                 continue
@@ -339,7 +345,7 @@ class Daemon:
                 raise ReplayRejectedError(
                     'the MPS control daemon for %s (pid %s) rejected a persisted limit replayed at its start - %s; it was left '
                     'running, and nothing was recorded as started (fix the limit with gpufleet.mps.mps_limits; see %s)' % (
-                        self.paths.name, pid if pid else 'unknown', exc.msg, self.control_log),
+                        self.paths.name, pid if pid else 'unknown', exc.msg, self.see_log),
                     pid=pid, log_file=self.control_log) from None
             return replies
 
@@ -377,7 +383,7 @@ class Daemon:
                         self.paths.name, pid if pid else 'unknown', rejected), pid=pid, log_file=self.control_log)
                 raise DaemonTimeoutError('the MPS control daemon for %s (pid %s) did not exit within %ss after quit%s; it was left '
                                          'running (see %s)' % (self.paths.name, pid if pid else 'unknown', grace,
-                                                               ' (%s)' % failure.msg if failure else '', self.control_log),
+                                                               ' (%s)' % failure.msg if failure else '', self.see_log),
                                          pid=pid, log_file=self.control_log)
             self.sleep(delay)
             delay = min(delay * 2, 0.25)

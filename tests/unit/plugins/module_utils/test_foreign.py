@@ -81,7 +81,22 @@ def test_foreign_daemons_leave_out_the_own_one_by_pid_and_by_pipe_directory(tmp_
     known, unreadable = foreign_daemons('/else/pipe', GPUS, own_pid=21, proc=str(proc))
     assert [daemon.pid for daemon in known] == [20, 22]
     known, unreadable = foreign_daemons('/else/pipe', GPUS, proc=str(proc), outside='/other')  # a root's own daemons
-    assert [daemon.pid for daemon in known] == [20, 22]
+    # ... are left to their records while their pipe directory leads to them; pid 21's has no pid file naming it: an orphan.
+    assert [(daemon.pid, daemon.orphan) for daemon in known] == [(20, False), (21, True), (22, False)]
+    assert 'an orphaned daemon of this root' in known[1].describe() and 'kill 21' in known[1].describe()
+
+
+def test_a_root_daemon_whose_pipe_directory_names_it_is_not_an_orphan(tmp_path):
+    proc = tmp_path / 'proc'
+    pipe = tmp_path / 'root' / 'train' / 'pipe'
+    pipe.mkdir(parents=True)
+    _process(proc, 21, 'nvidia-cuda-mps', ['nvidia-cuda-mps-control', '-d'],
+             {'CUDA_MPS_PIPE_DIRECTORY': str(pipe), 'CUDA_VISIBLE_DEVICES': 'GPU-bbbb2222-0000'})
+    (pipe / 'nvidia-cuda-mps-control.pid').write_text('21')
+    assert foreign_daemons(None, GPUS, proc=str(proc), outside=str(tmp_path / 'root')) == ([], [])
+    (pipe / 'nvidia-cuda-mps-control.pid').write_text('99')  # the directory now belongs to another daemon
+    known, _ = foreign_daemons(None, GPUS, proc=str(proc), outside=str(tmp_path / 'root'))
+    assert [(daemon.pid, daemon.orphan, daemon.uuids) for daemon in known] == [(21, True, ['GPU-bbbb2222-0000'])]
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ from ansible_collections.gpufleet.mps.plugins.module_utils._daemon.manager impor
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import config_paths, resource_paths
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource.record import StartRecord
 from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.unit import RESTART_ENV, parse_env, render_env
+from ansible_collections.gpufleet.mps.plugins.module_utils._io import read_text
 
 
 @pytest.fixture
@@ -70,7 +71,7 @@ def test_values_the_running_daemon_does_not_use_are_rewritten_without_a_restart(
     wanted = _wanted()
     _write_env(manager, wanted, **changes)
     assert manager._differences(wanted, RUNNING, _record(wanted)) == []
-    assert manager.config.env_file in manager._systemd_drift(wanted)
+    assert read_text(manager.config.env_file) != manager._systemd_files(wanted)[manager.config.env_file]  # rewritten in place
 
 
 @pytest.mark.parametrize('key', RESTART_ENV)

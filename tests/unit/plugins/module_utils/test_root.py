@@ -19,7 +19,7 @@ from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout impo
 )
 
 
-@pytest.mark.parametrize('name', ['train', 'nvidia.com/gpu', 'a_b-c.d', 'x/y', '...', 'a..b'])
+@pytest.mark.parametrize('name', ['train', 'nvidia.com/gpu', 'a_b-c.d', 'x/y', 'a..b', 'shm2', 'logs/pipes', 'pipe/x'])
 def test_valid_resource_names_are_accepted(name):
     assert validate_name(name) == name
 
@@ -27,6 +27,8 @@ def test_valid_resource_names_are_accepted(name):
 @pytest.mark.parametrize('name', [
     '', '/abs', 'a/', '/', 'a//b', 'a/b/c', '.', '..', 'a/..', '../../etc', 'a/../../b', './a',
     'with space', 'new\nline', 'nul\0byte', 'semi;colon', '$(id)', 'back`tick`', 'ünï', None, 3,
+    # names whose directories collide with the collection's own files or with another resource's
+    '...', '.ready', '.lock', 'train/.started', 'shm', 'shm/x', 'train/log', 'train/pipe',
 ])
 def test_invalid_resource_names_fail_naming_the_parameter(name):
     with pytest.raises(InvalidParameterError) as excinfo:

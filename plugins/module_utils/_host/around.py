@@ -1,0 +1,114 @@
+# Copyright: gpufleet.mps contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The files around a host's daemons, planned as changes: the ready mark, the health timer, log rotation, local facts.
+
+The ready mark is the one a scheduler trusts: a plan that brings any resource down withdraws it as its first
+change, and writes it as its last, only when every listed resource answers (an empty list is not ready).
+"""
+
+from __future__ import annotations
+
+import os
+import typing as t
+
+from .._io import atomic_write, ensure_dir, read_text, remove
+from .._outcome import Outcome
+from .._supervisor.health import HEALTH_NAME, render_health
+from .._supervisor.logrotate import render_logrotate
+from .._supervisor.unit import Systemctl
+from .facts import FACT_FILE
+
+READY_FILE = '.ready'
+LOGROTATE_FILE = 'gpufleet-mps'
+HEALTH_TIMER = HEALTH_NAME + '.timer'
+
+
+def file_mode(path: str) -> t.Optional[int]:
+    try:
+        return os.stat(path).st_mode & 0o7777
+    except OSError:
+        return None
+
+
+def plan_write(out: Outcome, path: str, text: str, mode: int, why: str) -> bool:
+    """Plan writing ``text`` to ``path`` unless it is there already, with ``mode``."""
+    if read_text(path) == text and file_mode(path) == mode:
+        return False
+    out.act('write %s' % path, lambda: (ensure_dir(os.path.dirname(path), 0o755), atomic_write(path, text, mode)), why)
+    return True
+
+
+def plan_remove(out: Outcome, path: str, why: str) -> bool:
+    if not os.path.lexists(path):
+        return False
+    out.act('remove %s' % path, lambda: remove(path), why)
+    return True
+
+
+class Around:
+    """Plans the host's files around the daemons; every change through ``out.act``, nothing written here."""
+
+    def __init__(self, params: t.Mapping[str, t.Any], root: str, config_dir: str, unit_dir: str,
+                 systemctl: t.Optional[Systemctl]) -> None:
+        self.params = params
+        self.root = root
+        self.config_dir = config_dir
+        self.unit_dir = unit_dir
+        self.systemctl = systemctl
+        self.ready_path = os.path.join(root, READY_FILE)
+
+    def withdraw_ready(self, out: Outcome, why: str) -> bool:
+        return bool(self.params['ready']) and plan_remove(out, self.ready_path, why)
+
+    def mark_ready(self, out: Outcome, withdrawn: bool, check: t.Callable[[], None]) -> None:
+        """The mark, last: ``check`` (every listed daemon answers) runs first and raises when one does not."""
+        if not self.params['ready']:
+            return
+        if withdrawn or not os.path.exists(self.ready_path):
+            out.act('write %s' % self.ready_path, lambda: (check(), ensure_dir(self.root, 0o755),
+                                                            atomic_write(self.ready_path, '', 0o644)),
+                    'every listed daemon answers', kind='ready')
+
+    def health(self, out: Outcome, wanted_here: bool) -> None:
+        """The health timer that keeps the ready mark true between runs, where systemd supervises the daemons."""
+        p = self.params
+        files = render_health(self.root, self.config_dir, self.unit_dir, p['health_interval'], p['health_timeout'])
+        timer = os.path.join(self.unit_dir, HEALTH_TIMER)
+        systemctl = self.systemctl
+        wanted = wanted_here and p['health_check'] and p['supervisor'] != 'none' and p['ready'] and systemctl is not None
+        if wanted and systemctl is not None:
+            written = False
+            for path, text in files.items():
+                written = plan_write(out, path, text, 0o644 if path.startswith(self.unit_dir) else 0o755,
+                                     'the health check keeps %s true between runs' % self.ready_path) or written
+            if written:
+                out.step(systemctl.daemon_reload)
+            if written or not systemctl.is_enabled(HEALTH_TIMER):
+                out.act('enable %s' % HEALTH_TIMER, lambda: systemctl.enable(HEALTH_TIMER))
+            if written or not systemctl.is_active(HEALTH_TIMER):
+                out.act('start %s' % HEALTH_TIMER, lambda: systemctl.restart(HEALTH_TIMER))
+        elif os.path.exists(timer):
+            if systemctl is not None:
+                out.act('stop and disable %s' % HEALTH_TIMER, lambda: (systemctl.stop(HEALTH_TIMER), systemctl.disable(HEALTH_TIMER)))
+            for path in files:
+                plan_remove(out, path, 'the health check does not belong here (any more)')
+            if systemctl is not None:
+                out.step(systemctl.daemon_reload)
+
+    def logrotate(self, out: Outcome, present: bool) -> None:
+        p = self.params
+        drop_in = os.path.join(p['logrotate_dir'], LOGROTATE_FILE)
+        if present and p['logrotate'] and os.path.isdir(p['logrotate_dir']):
+            plan_write(out, drop_in, render_logrotate(self.root, p['logrotate_size'], p['logrotate_rotate']), 0o644,
+                       'rotate the daemons\' logs (copytruncate)')
+        elif os.path.isdir(p['logrotate_dir']):
+            plan_remove(out, drop_in, 'state=absent' if not present else 'logrotate=false')
+
+    def local_facts(self, out: Outcome, text: t.Optional[str]) -> None:
+        """``text`` is the facts file planned (None: no facts wanted)."""
+        p = self.params
+        fact = os.path.join(p['local_facts_dir'], FACT_FILE) if p['local_facts_dir'] else None
+        if fact and text is not None:
+            plan_write(out, fact, text, 0o644, 'local facts for schedulers and later plays')
+        elif fact:
+            plan_remove(out, fact, 'state=absent' if p['state'] != 'present' else 'local_facts=false')

@@ -1,0 +1,67 @@
+# Copyright: gpufleet.mps contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""What mps_host returns for each listed resource: as observed after the run, or (check mode) as planned."""
+
+from __future__ import annotations
+
+import typing as t
+
+from .._errors import MpsError
+from .._resource.store import persisted_facts, read_persisted
+from .._supervisor.process import inspect
+
+
+def planned_resource(res: t.Any) -> t.Dict[str, t.Any]:
+    """The resource as the plan leaves it (for the local facts the plan writes): up, with the limits it persists."""
+    wanted = res.limits.wanted if res.limits is not None else None
+    return {'name': res.name, 'healthy': True, 'env': res.setup.paths.client_env(),
+            'limits': {'persisted': None if wanted is None or wanted.empty else persisted_facts(wanted)}}
+
+
+def resource_result(res: t.Any, check_mode: bool) -> t.Dict[str, t.Any]:
+    """The resource after the run: its daemon, its limits, whether it answers (``healthy_now``: counts as unhealthy)."""
+    paths = res.setup.paths
+    state = inspect(paths)
+    healthy = False
+    reason = ''
+    daemon = res.daemon
+    stop = getattr(res, 'stop', None)
+    if check_mode:
+        healthy = state.running or bool(daemon and daemon.changed)
+    elif state.running:
+        try:
+            if not res.setup.daemon.answered:
+                res.setup.daemon.ping()
+            healthy = True
+        except MpsError as exc:
+            reason = exc.msg
+    else:
+        reason = 'not running'
+    limits = res.limits
+    seen = getattr(res, 'first_limits', None) or limits
+    parts = [part for part in (limits, stop, daemon) if part is not None]
+    before = dict(stop.before if stop is not None else (daemon.before if daemon else {}))
+    return {
+        'name': res.name,
+        'pid': state.pid if state.running else (daemon.pid if daemon else None),
+        'running': state.running,
+        'healthy': healthy,
+        'healthy_now': healthy or check_mode,
+        'reason': reason or ('' if healthy else 'not running'),
+        'devices': [dict(gpu.summary(), ordinal=ordinal) for ordinal, gpu in enumerate(res.plan.devices)] if res.plan else [],
+        'multiuser': res.plan.multiuser if res.plan else False,
+        'replicas': res.plan.replicas if res.plan else None,
+        'env': paths.client_env(),
+        'container': res.setup.container,
+        'limits': {'persisted': persisted_facts(read_persisted(res.setup.config)), 'commands': limits.commands if limits else [],
+                   'pending': limits.pending if limits else []},
+        'restarted': res.restart,
+        'changed': any(part.changed for part in parts),
+        'actions': [action for part in parts for action in part.actions],
+        'started_at': daemon.started_at if daemon else None,
+        'notes': list(daemon.notes) if daemon else [],
+        'gone': (list(stop.gone) if stop is not None else []) + [
+            item for item in (daemon.gone if daemon else []) if stop is None or item not in stop.gone],
+        'diff': {'before': dict(before, limits=seen.before if seen else None),
+                 'after': dict(daemon.after if daemon else {}, limits=limits.after if limits else None)},
+    }

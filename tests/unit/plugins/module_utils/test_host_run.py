@@ -1,0 +1,335 @@
+# Copyright: gpufleet.mps contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""mps_host's one plan on the simulated host: check mode lists exactly what a real run executes, and the invariants."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from ansible_collections.gpufleet.mps.plugins.module_utils import _gpus
+from ansible_collections.gpufleet.mps.plugins.module_utils._errors import InvalidParameterError, MpsError
+from ansible_collections.gpufleet.mps.plugins.module_utils._host import execute as _execute
+from ansible_collections.gpufleet.mps.plugins.module_utils._host.manager import HostManager
+from ansible_collections.gpufleet.mps.plugins.module_utils._module import control_binary
+from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import resource_paths
+from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.process import inspect
+from ansible_collections.gpufleet.mps.plugins.modules.mps_host import argument_spec
+
+
+def _defaults():
+    return {key: spec.get('default') for key, spec in argument_spec().items()}
+
+
+class Host:
+    """mps_host's manager on the simhost fixture: one run is one NVML session, as in the module."""
+
+    def __init__(self, base):
+        self.base = base
+        self.root = str(base / 'root')
+        self.binary = str(base / 'host' / 'bin' / 'nvidia-cuda-mps-control')
+        self.clients = []
+        self.params = dict(_defaults(), root=self.root, config_dir=str(base / 'etc'), control_binary=self.binary,
+                           supervisor='none', local_facts_dir=str(base / 'facts.d'), logrotate_dir=str(base / 'logrotate.d'),
+                           start_timeout=10, stop_timeout=5)
+
+    def run(self, resources, check=False, **options):
+        params = dict(self.params, resources=resources, **options)
+        with _gpus.Nvml() as nvml:
+            return HostManager(params, nvml, control_binary, check).ensure(nvml.gpus())
+
+    def uuids(self):
+        with _gpus.Nvml() as nvml:
+            return [gpu.uuid for gpu in nvml.gpus()]
+
+    def compute_modes(self):
+        with _gpus.Nvml() as nvml:
+            return [gpu.compute_mode for gpu in nvml.gpus()]
+
+    @property
+    def ready(self):
+        return os.path.exists(os.path.join(self.root, '.ready'))
+
+    def client(self, name):
+        env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=resource_paths(self.root, name).pipe_dir)
+        proc = subprocess.Popen([str(self.base / 'host' / 'bin' / 'mps-sim-client')], env=env,  # pylint: disable=consider-using-with
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.clients.append(proc)
+        reply = json.loads(proc.stdout.readline())
+        assert reply['ok'], reply
+        return proc
+
+    def leave(self, proc):
+        proc.stdin.close()
+        proc.wait(10)
+
+    def close(self):
+        for proc in self.clients:
+            if proc.poll() is None:
+                self.leave(proc)
+        for pid in _daemon_pids(self.root):
+            _kill(pid)
+
+
+def _daemon_pids(root):
+    pids = []
+    for entry in os.listdir('/proc'):
+        if not entry.isdigit():
+            continue
+        try:
+            with open('/proc/%s/environ' % entry, 'rb') as handle:
+                env = handle.read().split(b'\0')
+            with open('/proc/%s/cmdline' % entry, 'rb') as handle:
+                argv = handle.read().split(b'\0')
+        except OSError:
+            continue
+        if b'-d' in argv and any(item.startswith(b'CUDA_MPS_PIPE_DIRECTORY=' + root.encode()) for item in env):
+            pids.append(int(entry))
+    return pids
+
+
+def _kill(pid):
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+@pytest.fixture
+def host(simhost):
+    os.chmod(simhost, 0o755)  # mkdtemp's 0700 would warn about every daemon
+    made = Host(simhost)
+    yield made
+    made.close()
+
+
+def _listed(out):
+    return [change.as_dict() for change in out.changes]
+
+
+def _check_then_apply(host, resources, **options):
+    """The check-mode plan, then the real run: the same changes, change by change; then nothing is left to do."""
+    planned = host.run(resources, check=True, **options)
+    applied = host.run(resources, **options)
+    assert [change.as_dict() for change in applied.executed] == _listed(planned)
+    assert _listed(applied) == _listed(planned)
+    again = host.run(resources, check=True, **options)
+    assert _listed(again) == [], _listed(again)
+    return applied
+
+
+SCENARIOS = {
+    'new resources': [[{'name': 'train', 'devices': [0, 1]}, {'name': 'infer', 'devices': [2], 'replicas': 4}]],
+    'devices moved between resources, a rename': [
+        [{'name': 'train', 'devices': [0, 1]}, {'name': 'infer', 'devices': [2, 3]}],
+        [{'name': 'train', 'devices': [0]}, {'name': 'tune', 'devices': [1]}, {'name': 'serve', 'devices': [2, 3]}],
+    ],
+    'two resources swap their GPUs': [
+        [{'name': 'train', 'devices': [0]}, {'name': 'tune', 'devices': [1]}],
+        [{'name': 'train', 'devices': [1]}, {'name': 'tune', 'devices': [0]}],
+    ],
+    'limits change, a pinned limit dropped (restart)': [
+        [{'name': 'train', 'devices': [0, 1], 'active_thread_percentage': 50, 'pinned_device_mem_limit': '10G'}],
+        [{'name': 'train', 'devices': [0, 1], 'active_thread_percentage': 25, 'pinned_device_mem_limit': '20G'}],
+        [{'name': 'train', 'devices': [0, 1]}],
+    ],
+    'removal': [
+        [{'name': 'train', 'devices': [0]}, {'name': 'infer', 'devices': [1]}],
+        [{'name': 'train', 'devices': [0]}],
+    ],
+}
+
+
+@pytest.mark.parametrize('steps', SCENARIOS.values(), ids=list(SCENARIOS))
+def test_check_mode_lists_exactly_what_the_real_run_executes(host, steps):
+    for resources in steps:
+        out = _check_then_apply(host, resources)
+        assert host.ready and out.ready
+    teardown = _check_then_apply(host, [], state='absent')
+    assert not host.ready and teardown.changes[0].action.startswith('remove ') and teardown.changes[0].resource == 'host'
+    assert host.compute_modes() == ['default'] * 4
+
+
+def test_limits_change_with_an_idle_and_a_busy_server_plans_what_it_does(host):
+    host.run([{'name': 'train', 'devices': [0], 'active_thread_percentage': 50}])
+    client = host.client('train')
+    busy = _check_then_apply(host, [{'name': 'train', 'devices': [0], 'active_thread_percentage': 25}], running_servers='update')
+    assert {change.kind for change in busy.changes} == {'limits', 'write'}  # no stop, no start: the client keeps running
+    assert client.poll() is None
+    host.leave(client)  # the server stays, idle
+    idle = _check_then_apply(host, [{'name': 'train', 'devices': [0], 'active_thread_percentage': 40}], running_servers='update')
+    assert 'set_active_thread_percentage' in idle.changes[0].action
+
+
+def test_a_limits_change_never_silently_skips_a_running_server(host):
+    """Case 1: with running_servers=ignore the idle server keeps its limits, and the run says so."""
+    host.run([{'name': 'train', 'devices': [0], 'active_thread_percentage': 50}])
+    host.leave(host.client('train'))
+    out = host.run([{'name': 'train', 'devices': [0], 'active_thread_percentage': 25}])
+    assert out.resources[0]['limits']['pending'] and any('keep the limits they started with' in w for w in out.warnings)
+    updated = host.run([{'name': 'train', 'devices': [0], 'active_thread_percentage': 25}], running_servers='update')
+    assert updated.changed and not updated.resources[0]['limits']['pending']
+
+
+@pytest.mark.parametrize('name, message', [
+    ('.ready', 'would collide with the files this collection keeps'),
+    ('train/log', "would be the log directory of a resource named 'train'"),
+    ('train/pipe', 'would be the pipe directory'),
+    ('x/.lock', 'would collide'),
+    ('shm', 'the shared tmpfs'),
+])
+def test_names_that_collide_with_our_own_files_are_refused_before_anything_changes(host, name, message):
+    """Case 2."""
+    with pytest.raises(InvalidParameterError, match=r'^resources\[1\]\.name: .*%s' % message):
+        host.run([{'name': 'train', 'devices': [0]}, {'name': name, 'devices': [1]}])
+    assert not os.path.exists(host.root) and host.compute_modes() == ['default'] * 4
+
+
+def test_nested_names_of_the_device_plugin_stay_valid(host):
+    out = host.run([{'name': 'nvidia.com/gpu', 'devices': [0]}, {'name': 'nvidia.com/mig', 'devices': [1]}])
+    assert out.ready
+
+
+def test_a_daemon_whose_root_was_deleted_is_refused_not_started_twice(host):
+    """Case 3: the orphan still serves the GPU; a second daemon on it would break both."""
+    host.run([{'name': 'train', 'devices': [0]}])
+    orphan = inspect(resource_paths(host.root, 'train')).pid
+    shutil.rmtree(host.root)
+    with pytest.raises(MpsError, match=r'pid %d, an orphaned daemon of this root.*kill %d' % (orphan, orphan)):
+        host.run([{'name': 'train', 'devices': [0]}])
+    assert _daemon_pids(host.root) == [orphan]
+    _kill(orphan)
+    for _ in range(100):
+        if not _daemon_pids(host.root):
+            break
+        time.sleep(0.05)
+    assert host.run([{'name': 'train', 'devices': [0]}]).ready
+
+
+def test_a_run_killed_at_any_change_never_leaves_the_ready_mark_over_a_down_resource(host, monkeypatch):
+    """Case 4 and the fault test: the apply dies (no handler runs, as under kill -9) at each change of a multi-resource
+    change in turn; the host is checked for the mark, then the next run converges."""
+    first = [{'name': 'train', 'devices': [0, 1]}, {'name': 'infer', 'devices': [2]}]
+    second = [{'name': 'train', 'devices': [0]}, {'name': 'tune', 'devices': [1]}, {'name': 'infer', 'devices': [2, 3]}]
+    host.run(first)
+    count = len(host.run(second, check=True).changes)
+    assert count > 8
+    for kill_at in range(count):
+        host.run(first)
+        real_execute = _execute.execute
+
+        def dying(out, listed, ready_path, kill_at=kill_at):
+            steps = out.steps
+            changes = [index for index, (change, _) in enumerate(steps) if change is not None]
+            out.steps = steps[:changes[kill_at]]
+            real_execute(out, listed, ready_path)
+            raise KeyboardInterrupt('killed before change %d' % kill_at)
+        with monkeypatch.context() as patch:
+            patch.setattr('ansible_collections.gpufleet.mps.plugins.module_utils._host.manager.execute', dying)
+            with pytest.raises(KeyboardInterrupt):
+                host.run(second)
+        down = [name for name in ('train', 'tune', 'infer') if os.path.isdir(resource_paths(host.root, name).resource_dir)
+                and not inspect(resource_paths(host.root, name)).running]
+        assert not (host.ready and down), 'killed before change %d: ready over %s' % (kill_at, down)
+        converged = host.run(second)
+        assert converged.ready and host.ready
+        assert host.run(second, check=True).changes == []
+
+
+def test_two_runs_at_once_both_succeed_and_the_second_finds_nothing_to_do(host):
+    """Case 5."""
+    resources = [{'name': 'train', 'devices': [0, 1]}, {'name': 'infer', 'devices': [2]}]
+    results, errors = [], []
+
+    def one():
+        try:
+            results.append(host.run(resources))
+        except MpsError as exc:  # pragma: no cover - the failure the test is about
+            errors.append(exc.msg)
+    threads = [threading.Thread(target=one) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == [] and len(results) == 2
+    assert sorted(out.changed for out in results) == [False, True]
+    assert len(_daemon_pids(host.root)) == 2
+
+
+def test_a_size_the_daemon_reads_back_otherwise_is_no_change_in_the_diff(host):
+    """Case 6: 10G is set as 10240M and read back as 10G."""
+    resources = [{'name': 'train', 'devices': [0], 'pinned_device_mem_limit': '10G', 'active_thread_percentage': 30}]
+    host.run(resources)
+    out = host.run(resources, check=True)
+    diff = out.resources[0]['diff']
+    assert not out.changed and diff['before'] == diff['after'], diff
+
+
+def test_busy_wait_timing_out_changes_nothing_and_says_restart(host):
+    """Case 8."""
+    host.run([{'name': 'train', 'devices': [0]}])
+    host.client('train')
+    with pytest.raises(MpsError) as caught:
+        host.run([{'name': 'train', 'devices': [1]}], busy='wait', busy_timeout=1)
+    message = caught.value.msg
+    assert 'the restart (devices:' in message and 'the the' not in message and 'not done' in message
+    assert host.ready and inspect(resource_paths(host.root, 'train')).running
+
+
+def test_a_control_binary_that_fails_keeps_the_ready_mark(host):
+    """Case 9: a bad binary is bad input, not an unhealthy daemon."""
+    host.run([{'name': 'train', 'devices': [0]}])
+    with pytest.raises(MpsError):
+        host.run([{'name': 'train', 'devices': [0]}], control_binary='/bin/false')
+    assert host.ready
+
+
+def test_an_empty_list_is_not_ready_in_the_file_and_the_facts(host):
+    """Case 10."""
+    host.run([{'name': 'train', 'devices': [0]}])
+    out = host.run([])
+    assert not host.ready and out.ready is False and out.facts['ready'] is False
+    assert [change.resource for change in out.changes][0] == 'host'
+
+
+def test_a_failed_start_puts_compute_modes_and_limits_back_and_names_files_that_exist(host):
+    """Case 11: the simulator refuses to start (a pipe directory beyond what it accepts)."""
+    (host.base / 'host' / 'mps.env').write_text('export FAKE_MPS_PIPE_DIR_MAX=10\n')
+    with pytest.raises(MpsError) as caught:
+        host.run([{'name': 'train', 'devices': [0], 'active_thread_percentage': 50}])
+    assert host.compute_modes() == ['default'] * 4
+    assert not os.path.exists(str(host.base / 'etc' / 'train.limits.json'))
+    assert 'undone:' in caught.value.msg and not host.ready
+    for word in caught.value.msg.split():
+        if word.endswith('control.log'):
+            assert os.path.exists(word) or word + ' - which does not exist' in caught.value.msg, caught.value.msg
+
+
+def test_the_mig_re_create_warning_says_the_daemon_restarts_on_the_new_instance(host):
+    """Case 7: the stop of a restart onto a new MIG instance is no plain stop."""
+    with _gpus.Nvml() as nvml:
+        gpus = nvml.gpus()
+    host.run([{'name': 'train', 'devices': [0]}])
+    paths = resource_paths(host.root, 'train')
+    record = json.loads(open(paths.started_file, encoding='utf-8').read())
+    record['devices'] = ['MIG-00000000-0000-0000-0000-000000000000']
+    with open(paths.started_file, 'w', encoding='utf-8') as handle:
+        json.dump(record, handle)
+    out = host.run([{'name': 'train', 'devices': [0]}])
+    warning = [w for w in out.warnings if 'no longer exists' in w]
+    assert warning and 'The daemon restarts on GPU 0' in warning[0] and 'To serve the new instance' not in warning[0], out.warnings
+    assert gpus[0].uuid in [device['uuid'] for device in out.resources[0]['devices']]
+
+
+def test_check_mode_creates_nothing_not_even_a_lock(host):
+    out = host.run([{'name': 'train', 'devices': [0]}], check=True)
+    assert out.changed and not os.path.exists(host.root) and not os.path.exists(str(host.base / 'etc'))
+    assert not os.path.exists(str(host.base / 'facts.d'))
+    assert sys.executable  # the run used this interpreter's NVML session only
