@@ -24,7 +24,7 @@ help:
 	@echo 'make simhost    build the simulated GPU host into .simhost/ (then: . .simhost/env)'
 	@echo 'make venv       create .venv from requirements-dev.txt (exact pins)'
 	@echo 'make docs       build the HTML docsite offline (into $$TEST_ROOT/docsite)'
-	@echo 'make sanity | units | integration | lint | changelog-lint | docs-lint | test-fakes | packaging | molecule'
+	@echo 'make sanity | units | integration | upgrade | lint | changelog-lint | docs-lint | test-fakes | packaging | molecule'
 	@echo 'make ee         ansible-builder create on the example execution environment (no container engine needed)'
 	@echo 'make runner     the fleet role through ansible-runner as AWX runs it, a rolling change included'
 	@echo 'make clean      remove .simhost and $$TEST_ROOT (the copied collection tree, the demo), ending what runs there'
@@ -62,8 +62,8 @@ simhost-reset:
 	$(MAKE) simhost
 
 # --- tests --------------------------------------------------------------------------------------
-.PHONY: test collection sanity units integration lint changelog-lint docs-lint docs test-fakes molecule packaging bench-quick ee runner leftovers
-test: changelog-lint test-fakes sanity units integration lint docs-lint docs packaging ee runner bench-quick molecule
+.PHONY: test collection sanity units integration upgrade lint changelog-lint docs-lint docs test-fakes molecule packaging bench-quick ee runner leftovers
+test: changelog-lint test-fakes sanity units integration upgrade lint docs-lint docs packaging ee runner bench-quick molecule
 	$(MAKE) leftovers
 	@echo 'make test: all passed'
 
@@ -90,6 +90,11 @@ integration: collection ansible-test-bootstrap simhost
 	    > $(COLL)/tests/integration/integration_config.yml; \
 	  cd $(COLL) && $(ANSIBLE_TEST) integration --python 3.11 --color no --local $(TARGETS); \
 	else echo 'integration: no targets yet'; fi
+
+# Upgrade in place: a host provisioned by the previous main (daemons running, a client connected) is taken over by
+# this tree with changed=0, no daemon restarted and the client still running (hacking/test-upgrade.py).
+upgrade: simhost
+	$(VPY) hacking/test-upgrade.py $(TEST_ROOT)/upgrade $(SIMHOST)/lib $(VPY)
 
 lint: venv
 	$(VENV)/bin/ansible-lint
