@@ -14,18 +14,18 @@ from __future__ import annotations
 
 import os
 import typing as t
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from ._protocol.framing import ControlClient, Reply
-from ._protocol.state import parse_state, state_commands
-from ._supervisor.process import DaemonState, inspect, read_pid_file
+from ._protocol.framing import ControlClient
+from ._protocol.state import state_commands
+from ._supervisor.liveness import DaemonState, inspect, read_pid_file
 from ._errors import DaemonTimeoutError, InvalidParameterError, MpsError, NvmlError
 from ._gpus import ENUMERATION_WARNING, MPS_ENUMERATION_VAR, Gpu, Nvml, all_devices, is_mig_uuid
 from ._io import untraversable_parents
 from ._resource.record import StartRecord, read_record
 from ._proc import child_pids, daemon_dev_shm, process_uid
-from ._limits.model import Limits, parse_readback, percentage_matches, readback_matches
-from ._resource.store import persisted_facts, read_persisted
+from ._limits.model import Limits
+from ._limits.store import persisted_facts, read_persisted
 from ._resource.layout import (
     DEFAULT_CONTAINER_ROOT,
     SHM_DIR,
@@ -35,61 +35,11 @@ from ._resource.layout import (
     resource_paths,
     validate_root,
 )
-from ._resource.scan import foreign_daemons, gpu_claims, scan_config, scan_resources
-from ._shm import current_state
+from ._observe.scan import foreign_daemons, gpu_claims, scan_config, scan_resources
+from ._observe.readout import Readout, limit_differences, parse_daemon_replies
+from ._tmpfs import current_state
 
 GATHER_CHOICES = ('gpus', 'daemons', 'servers')
-
-
-# --- what one daemon is asked: one read of its state, as facts -----------------------------------
-@dataclass
-class Readout:
-    """What one daemon reported, as facts: servers with their uid and limits by GPU UUID."""
-
-    default_percentage: float
-    default_mem: t.List[t.Optional[str]]
-    servers: t.List[t.Dict[str, t.Any]] = field(default_factory=list)
-
-
-def parse_daemon_replies(replies: t.Sequence[Reply], ordinals: int, candidates: t.Sequence[int],
-                         uuids: t.Sequence[str], uid_of: t.Callable[[int], t.Optional[int]]) -> Readout:
-    """Turn the replies to :func:`state_commands` into facts; only listed servers are reported."""
-    state = parse_state(replies, ordinals, candidates)
-    servers = [{
-        'pid': server.pid,
-        'status': server.status,
-        'uid': uid_of(server.pid),
-        'clients': server.clients,
-        'limits': {
-            'active_thread_percentage': server.active_thread_percentage,
-            'pinned_device_mem_limit': dict(zip(uuids, server.pinned_device_mem_limit)),
-        },
-    } for server in state.servers]
-    return Readout(state.default_percentage, state.default_mem, servers)
-
-
-# --- limits -------------------------------------------------------------------------------------
-def limit_differences(persisted: t.Optional[Limits], percentage: t.Optional[float],
-                      mem: t.Mapping[str, t.Optional[str]], uuids: t.Sequence[str]) -> t.List[str]:
-    """Where the daemon's defaults disagree with the persisted limits, read-back loss allowed for.
-
-    Only what is persisted is compared: an unmanaged (None) limit never differs.
-    """
-    if persisted is None:
-        return []
-    found = []
-    wanted_pct = persisted.active_thread_percentage
-    if wanted_pct is not None and not percentage_matches(percentage, wanted_pct):
-        found.append('active thread percentage %s persisted, %s reported' % (wanted_pct, percentage))
-    for ordinal, uuid in enumerate(uuids):
-        wanted_mib = persisted.mem_for(uuid)
-        if wanted_mib is None:
-            continue
-        text = mem.get(uuid)
-        if not readback_matches(parse_readback(text) if text else None, wanted_mib):
-            found.append('pinned memory limit of device %d (%s) %dM persisted, %s reported' % (
-                ordinal, uuid, wanted_mib, text or 'none'))
-    return found
 
 
 # --- the whole host -----------------------------------------------------------------------------

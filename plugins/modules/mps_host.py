@@ -17,10 +17,10 @@ description:
     MIG mode - and a bad one changes nothing, C(<root>/.ready) included.
   - Observe, decide, execute. Under a host-wide lock (one run at a time; another run waits, bounded, then plans from
     what the first one left), the run plans every change of the host into one ordered list, RV(changes) - the same list
-    in check mode and in a real run, by construction: check mode returns it, a real run executes exactly it and reports
+    in check mode and in a real run, by construction - check mode returns it, a real run executes exactly it and reports
     each change only after its side effect returned. Refusals - a busy daemon that must stop under O(busy=refuse), a
     GPU that an MPS daemon of another root or tool serves - come before any change.
-  - The order always works - waits for busy clients (O(busy=wait): a wait that times out changes nothing); the ready mark
+  - The order always works - waits for busy clients (O(busy=wait) - a wait that times out changes nothing); the ready mark
     C(<root>/.ready) withdrawn when the plan brings any resource down (or lists none); the shared tmpfs; removed
     resources; daemons that restart (their GPUs, C(multiuser), a pinned memory limit to drop - MPS has no command to
     unset one) stopped, a GPU that stays in use keeping its compute mode; then, per listed resource, its limits persisted

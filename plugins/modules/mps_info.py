@@ -280,7 +280,7 @@ other_daemons:
       null with C(devices) empty when its environment cannot be read (another user's, without root); C(devices)
       are the GPUs its C(CUDA_VISIBLE_DEVICES) names (every GPU when unset).
     - C(orphan) is true for a daemon of O(root) that its pipe directory no longer leads to (the directory deleted under
-      the running daemon, or a second daemon started there): C(quit) cannot reach it, it still serves its GPUs, and
+      the running daemon, or a second daemon started there) - C(quit) cannot reach it, it still serves its GPUs, and
       M(gpufleet.mps.mps_host) and M(gpufleet.mps.mps_daemon) refuse to start another daemon on them.
   returned: when O(gather) includes V(daemons)
   type: list

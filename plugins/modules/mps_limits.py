@@ -216,7 +216,8 @@ from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import ENUMERAT
 from ansible_collections.gpufleet.mps.plugins.module_utils._limits.manager import LimitsManager
 from ansible_collections.gpufleet.mps.plugins.module_utils._module import common_argument_spec, control_binary, finish, run_module
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import config_paths, resource_paths
-from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.process import Daemon, inspect
+from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.liveness import inspect
+from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.process import Daemon
 
 
 def argument_spec():

@@ -161,8 +161,9 @@ from ansible_collections.gpufleet.mps.plugins.module_utils._errors import Unsafe
 from ansible_collections.gpufleet.mps.plugins.module_utils._io import refuse_unsafe_dirs
 from ansible_collections.gpufleet.mps.plugins.module_utils._module import common_argument_spec, finish, run_module
 from ansible_collections.gpufleet.mps.plugins.module_utils._selinux import CONTAINER_TYPE
-from ansible_collections.gpufleet.mps.plugins.module_utils._shm import ShmManager, mount_options, size_kib
+from ansible_collections.gpufleet.mps.plugins.module_utils._shm import ShmManager
 from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.unit import UNIT_DIR
+from ansible_collections.gpufleet.mps.plugins.module_utils._tmpfs import mount_options, size_kib
 
 
 def argument_spec():

@@ -65,9 +65,11 @@ class Around:
         if not self.params['ready']:
             return
         if withdrawn or not os.path.exists(self.ready_path):
-            out.act('write %s' % self.ready_path, lambda: (check(), ensure_dir(self.root, 0o755),
-                                                            atomic_write(self.ready_path, '', 0o644)),
-                    'every listed daemon answers', kind='ready')
+            def mark() -> None:
+                check()
+                ensure_dir(self.root, 0o755)
+                atomic_write(self.ready_path, '', 0o644)
+            out.act('write %s' % self.ready_path, mark, 'every listed daemon answers', kind='ready')
 
     def health(self, out: Outcome, wanted_here: bool) -> None:
         """The health timer that keeps the ready mark true between runs, where systemd supervises the daemons."""

@@ -24,8 +24,8 @@ def execute(out: t.Any, listed: t.Sequence[t.Any], ready_path: str) -> None:
         try:
             run()
         except MpsError as exc:
-            failed = change or next((item for item, _ in steps[index:] if item is not None), None)
-            not_done = [item for item, _ in steps[index:] if item is not None]
+            not_done = [item for item, _run in steps[index:] if item is not None]
+            failed = change or (not_done[0] if not_done else None)
             undone = _undo(out.executed, failed)
             raise MpsError('%s [%s]' % (exc.msg, _account(out.executed, undone, not_done)), **dict(
                 exc.details, executed=[item.as_dict() for item in out.executed], undone=[item.as_dict() for item in undone],

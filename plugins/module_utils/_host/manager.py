@@ -36,14 +36,15 @@ from .._errors import DaemonTimeoutError, InvalidParameterError, MpsError
 from .._gpus import Gpu, Nvml
 from .._io import ensure_dir, refuse_unsafe_dirs, remove
 from .._limits.manager import LimitsManager
+from .._observe.scan import scan_config, scan_resources
 from .._outcome import Change, Outcome
 from .._resource.layout import validate_root
 from .._resource.lock import HostLock
-from .._resource.scan import scan_config, scan_resources
-from .._shm import ShmManager, size_kib
+from .._shm import ShmManager
+from .._supervisor.liveness import inspect
 from .._supervisor.logrotate import render_logrotate
-from .._supervisor.process import inspect
 from .._supervisor.unit import UNIT_DIR, Systemctl, systemd_is_pid1
+from .._tmpfs import size_kib
 from .around import READY_FILE, Around
 from .execute import execute
 from .facts import facts_text, local_facts
@@ -196,9 +197,7 @@ class HostManager:
             res.restart = res.daemon.restarting
         kept = frozenset(gpu.uuid for res in listed for gpu in res.plan.devices) if p['compute_mode'] != 'unchanged' else frozenset()
         body = HostOutcome()
-        if absent:
-            self.around.health(body, False)  # first: the timer would write the mark back while daemons still answer
-        else:
+        if not absent:
             self._shm(body)
         for res in removed:
             res.daemon = self._daemon(res, 'absent', HostContext(ignore, would_remove, keep_modes=kept))
@@ -231,6 +230,7 @@ class HostManager:
         head = Outcome()
         withdrawn = False
         if absent:
+            self.around.health(head, False)  # first: the timer would write the mark back while daemons still answer
             withdrawn = self.around.withdraw_ready(head, 'state=absent')
         elif down or not listed:
             withdrawn = self.around.withdraw_ready(head, 'no resource is listed' if not listed else 'down during this run: %s'
@@ -251,7 +251,7 @@ class HostManager:
             change.resource = 'host'
         out.warnings += head.warnings + tail.warnings
         out.steps = waits + head.steps + rest + tail.steps
-        out.changes = [change for change, _ in out.steps if change is not None]
+        out.changes = [change for change, _run in out.steps if change is not None]
         out.actions = ['%s: %s' % (change.resource, change.text) for change in out.changes]
         out.changed = bool(out.changes)
         return out

@@ -14,9 +14,10 @@ import typing as t
 from dataclasses import dataclass, field
 
 from .._errors import DeviceSelectionError, InvalidParameterError
-from .._gpus import VOLTA_CC, Gpu, resolve_devices
+from .._gpus import VOLTA_CC, Gpu
 from .._limits.model import check_fits, check_replicas, parse_mem_limit, parse_percentage, parse_size
 from .._resource.layout import validate_name
+from .._selectors import resolve_devices
 
 RESOURCE_KEYS = ('name', 'devices', 'multiuser', 'replicas', 'active_thread_percentage', 'pinned_device_mem_limit')
 

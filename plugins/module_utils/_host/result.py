@@ -7,8 +7,8 @@ from __future__ import annotations
 import typing as t
 
 from .._errors import MpsError
-from .._resource.store import persisted_facts, read_persisted
-from .._supervisor.process import inspect
+from .._limits.store import persisted_facts, read_persisted
+from .._supervisor.liveness import inspect
 
 
 def planned_resource(res: t.Any) -> t.Dict[str, t.Any]:

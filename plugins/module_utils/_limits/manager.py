@@ -15,11 +15,13 @@ from dataclasses import dataclass, field
 
 from .._errors import DeviceSelectionError, InvalidParameterError, MpsError
 from .._outcome import Outcome
-from .._protocol.commands import check_applied, command
+from .._protocol.commands import check_applied, set_default_mem, set_default_percentage, set_server_mem, set_server_percentage
+from .._protocol.readback import parse_readback, readback_readable
 from .._protocol.state import read_state
 from .._resource.lock import resource_lock
-from .._supervisor.process import Daemon, DaemonState, inspect
-from .._gpus import Gpu, all_devices, is_mig_uuid, resolve_devices
+from .._supervisor.liveness import DaemonState, inspect
+from .._supervisor.process import Daemon
+from .._gpus import Gpu, all_devices, is_mig_uuid
 from .._io import ensure_dir, read_text, refuse_unsafe_dirs, remove, restorer
 from .._resource.record import read_record
 from .._proc import child_pids, uuids_from_environ
@@ -31,13 +33,12 @@ from .model import (
     format_percentage,
     parse_mem_limit,
     parse_percentage as parse_wanted_percentage,
-    parse_readback,
     percentage_matches,
     readback_matches,
-    readback_readable,
 )
-from .._resource.store import persist, read_persisted, write_replay
+from .store import persist, read_persisted, write_replay
 from .._resource.layout import ConfigPaths, ResourcePaths, managed_dirs
+from .._selectors import resolve_devices
 from .._supervisor.unit import parse_env
 
 RUNNING_SERVERS_CHOICES = ('ignore', 'update')
@@ -332,14 +333,14 @@ class LimitsManager:
                                 'is not a size: the limit is treated as unknown and set again' % (
                                     self.paths.name, mem_read[ordinal], ordinal))
             if (was is not None and was != mib) or not readback_matches(parse_readback(mem_read[ordinal] or ''), mib):
-                cmds.append(command('set_default_device_pinned_mem_limit', ordinal, '%dM' % mib))
+                cmds.append(set_default_mem(ordinal, mib))
         if wanted.active_thread_percentage is None and self.exact:
             if not percentage_matches(pct, 100.0):
-                cmds.append(command('set_default_active_thread_percentage', format_percentage(100.0)))
+                cmds.append(set_default_percentage(format_percentage(100.0)))
         elif wanted.active_thread_percentage is not None:
             was_pct = persisted.active_thread_percentage if persisted else None
             if (was_pct is not None and was_pct != wanted.active_thread_percentage) or not percentage_matches(pct, wanted.active_thread_percentage):
-                cmds.append(command('set_default_active_thread_percentage', format_percentage(wanted.active_thread_percentage)))
+                cmds.append(set_default_percentage(format_percentage(wanted.active_thread_percentage)))
         return cmds
 
     @staticmethod
@@ -352,10 +353,10 @@ class LimitsManager:
             for ordinal, gpu in enumerate(scope):
                 mib = wanted.mem_for(gpu.uuid)
                 if mib is not None and not readback_matches(parse_readback(server.pinned_device_mem_limit.get(ordinal) or ''), mib):
-                    server_cmds.append(command('set_device_pinned_mem_limit', server.pid, ordinal, '%dM' % mib))
+                    server_cmds.append(set_server_mem(server.pid, ordinal, mib))
             if wanted.active_thread_percentage is not None and not percentage_matches(server.active_thread_percentage,
                                                                                       wanted.active_thread_percentage):
-                server_cmds.append(command('set_active_thread_percentage', server.pid, format_percentage(wanted.active_thread_percentage)))
+                server_cmds.append(set_server_percentage(server.pid, format_percentage(wanted.active_thread_percentage)))
             if not server_cmds:
                 continue
             if running_servers == 'update':

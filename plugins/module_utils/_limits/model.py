@@ -3,7 +3,7 @@
 """MPS limits as values: sizes, percentages, replicas, and comparison with the daemon's lossy read-back.
 
 MPS forgets ``set_default_*`` on every restart and changes only servers started afterwards, so the wanted
-limits of a resource are persisted (``_resource/store.py``) and replayed right after every start.
+limits of a resource are persisted (``_limits/store.py``) and replayed right after every start.
 """
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ import typing as t
 from dataclasses import dataclass, field
 
 from .._errors import InvalidParameterError
-from .._gpus import resolve_devices
-from .._protocol.commands import command
+from .._protocol.commands import set_default_mem, set_default_percentage
+# The read-back parsers are the protocol's; callers still import them from here too.
+from .._protocol.readback import parse_readback, readback_readable  # noqa: F401  pylint: disable=unused-import
+from .._selectors import resolve_devices
 
 FORMAT_VERSION = 1
 EVERY_GPU = '*'
@@ -25,7 +27,6 @@ SIZE_FORM = ('a size: a number and the unit M, MiB, G or GiB, such as 20G, 20GiB
 # MPS takes M and G, both binary. "GB" and "MB" are refused rather than guessed: to some they are 10^9 and
 # 10^6 bytes, and reading "20GB" as 20 GiB (what this collection did before) gives 7% more than meant.
 _SIZE = re.compile(r'(?P<number>\d+(?:\.\d+)?)(?P<unit>[MG])(?P<suffix>iB|B)?', re.IGNORECASE)
-_READBACK = re.compile(r'(?P<number>\d+)(?P<unit>[MG])')
 _PERCENT_TOLERANCE = 0.05
 _MIB = 2 ** 20
 
@@ -128,31 +129,6 @@ def format_percentage(value: float) -> str:
     return ('%.1f' % value) if round(value, 1) == value else repr(value)
 
 
-def parse_readback(text: str) -> t.Optional[t.Tuple[int, int]]:
-    """The range of MiB a memory read-back stands for: ``3G`` -> [3072, 4096), ``512M`` -> [512, 513).
-
-    None for an unset limit - how the daemon prints one is undocumented (empty, ``0``, ``0M``...) - and
-    for a reply that is no size at all (``N/A``, ``No limit``, whatever a new driver prints): either way
-    it matches no wanted limit, so a wanted one is applied again (:func:`readback_readable` tells which).
-    """
-    text = text.strip()
-    match = _READBACK.fullmatch(text)
-    if not match:
-        return None
-    number = int(match.group('number'))
-    if number == 0:
-        return None
-    if match.group('unit') == 'G':
-        return number * 1024, (number + 1) * 1024
-    return number, number + 1
-
-
-def readback_readable(text: t.Optional[str]) -> bool:
-    """Whether a memory read-back is a size or the plain unset forms (empty, ``0``), not an unknown reply."""
-    text = (text or '').strip()
-    return text in ('', '0') or bool(_READBACK.fullmatch(text))
-
-
 def readback_matches(readback: t.Optional[t.Tuple[int, int]], mib: int) -> bool:
     """Whether the daemon's (possibly lossy) read-back is consistent with ``mib``."""
     return readback is not None and readback[0] <= mib < readback[1]
@@ -230,9 +206,9 @@ class Limits:
         for ordinal, uuid in enumerate(device_uuids):
             mib = self.mem_for(uuid)
             if mib is not None:
-                cmds.append(command('set_default_device_pinned_mem_limit', ordinal, '%dM' % mib))
+                cmds.append(set_default_mem(ordinal, mib))
         if self.active_thread_percentage is not None:
-            cmds.append(command('set_default_active_thread_percentage', format_percentage(self.active_thread_percentage)))
+            cmds.append(set_default_percentage(format_percentage(self.active_thread_percentage)))
         return cmds
 
 

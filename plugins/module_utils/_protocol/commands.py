@@ -31,6 +31,43 @@ def command(name: str, *args: t.Union[str, int, float]) -> str:
     return ' '.join(tokens)
 
 
+# The commands that set a daemon's defaults: what a start replays (the unit's ExecStartPost=, mps_daemon's first session).
+SET_DEFAULT_PERCENTAGE = 'set_default_active_thread_percentage'
+SET_DEFAULT_MEM = 'set_default_device_pinned_mem_limit'
+REPLAYABLE = (SET_DEFAULT_PERCENTAGE, SET_DEFAULT_MEM)
+
+
+def set_default_percentage(percentage: str) -> str:
+    return command(SET_DEFAULT_PERCENTAGE, percentage)
+
+
+def set_default_mem(ordinal: int, mib: int) -> str:
+    return command(SET_DEFAULT_MEM, ordinal, '%dM' % mib)
+
+
+def set_server_percentage(pid: int, percentage: str) -> str:
+    """A running server's own thread percentage (its later clients get it)."""
+    return command('set_active_thread_percentage', pid, percentage)
+
+
+def set_server_mem(pid: int, ordinal: int, mib: int) -> str:
+    return command('set_device_pinned_mem_limit', pid, ordinal, '%dM' % mib)
+
+
+QUIT = 'quit'
+
+
+def quit_command(timeout: int) -> str:
+    """``quit -t``: servers get ``timeout`` seconds to exit, then are forced."""
+    return '%s -t %d' % (QUIT, int(timeout))  # an option, not a plain token: built from an int only
+
+
+def default_percentage_of(cmd: str) -> t.Optional[str]:
+    """The value a replayed ``set_default_active_thread_percentage`` sets, None for another command."""
+    words = cmd.split()
+    return words[1] if len(words) == 2 and words[0] == SET_DEFAULT_PERCENTAGE else None
+
+
 def parse_percentage(reply: Reply) -> float:
     """Parse a one-line ``%.1f`` reply, or raise with the daemon's text."""
     if len(reply.lines) == 1 and PERCENT_LINE.fullmatch(reply.lines[0]):

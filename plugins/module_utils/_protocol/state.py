@@ -14,9 +14,9 @@ import typing as t
 from dataclasses import dataclass, field
 
 from .._errors import MpsError
-from .._limits.model import parse_readback, readback_readable
 from .commands import command, parse_percentage, parse_pids
 from .framing import SENTINEL, Reply
+from .readback import parse_readback, readback_readable
 
 SERVER_STATES = ('INITIALIZING', 'ACTIVE', 'FAULT')
 

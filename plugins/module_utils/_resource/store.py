@@ -1,34 +1,17 @@
 # Copyright: gpufleet.mps contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The persisted limits of a resource: one writer for both of its files in the config directory.
+"""The start environment a daemon gets from its persisted limits (``<instance>.limits-env``; ``_limits/store.py`` writes them).
 
-``<instance>.limits.json``
-    The truth: what was asked for, device memory keyed by GPU UUID (or ``*`` for every GPU of the
-    daemon), so it stays right whatever order the daemon's devices have.
-``<instance>.limits``
-    The same as control commands for the daemon's current device order, one per line, fed to the
-    control UI by the systemd unit after every start. Derived; rewritten whenever either changes.
-``<instance>.limits-env``
-    The default thread percentage as the daemon's start environment (an EnvironmentFile of the unit;
-    the direct start sets the same): NVIDIA documents ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` in the
-    control daemon's environment as the default of every server it spawns, so it is in force from the
-    first client, before the replay. The pinned memory limit has no such documented form for the
-    daemon (only "in passing"): it comes from the replay alone, right after the daemon answers.
-    Derived with the commands file; absent when there is no percentage.
+NVIDIA documents ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` in the control daemon's environment as the default of
+every server it spawns: the direct start sets it, the systemd unit reads the same from the limits-env file.
 """
 
 from __future__ import annotations
 
 import typing as t
 
-from .._errors import MpsError
-from .._io import atomic_write, read_json, read_text, remove
-from .._limits.model import Limits
-from .._protocol.commands import command
-from .layout import ConfigPaths
+from .._protocol.commands import default_percentage_of
 
-
-REPLAYABLE = ('set_default_active_thread_percentage', 'set_default_device_pinned_mem_limit')
 # The one default documented as read from the control daemon's environment at its start.
 PERCENTAGE_ENV = 'CUDA_MPS_ACTIVE_THREAD_PERCENTAGE'
 
@@ -37,82 +20,7 @@ def start_environment(commands: t.Sequence[str]) -> t.Dict[str, str]:
     """The part of the replayed limits the daemon can be started with: the default thread percentage."""
     env = {}
     for cmd in commands:
-        words = cmd.split()
-        if len(words) == 2 and words[0] == 'set_default_active_thread_percentage':
-            env[PERCENTAGE_ENV] = words[1]
+        percentage = default_percentage_of(cmd)
+        if percentage is not None:
+            env[PERCENTAGE_ENV] = percentage
     return env
-
-
-def start_env_text(commands: t.Sequence[str]) -> str:
-    env = start_environment(commands)
-    if not env:
-        return ''
-    return ('# Managed by gpufleet.mps (mps_limits): the defaults the MPS control daemon starts with.\n'
-            + ''.join('%s=%s\n' % item for item in sorted(env.items())))
-
-
-def persisted_facts(limits: t.Optional[Limits]) -> t.Optional[t.Dict[str, t.Any]]:
-    """The persisted limits as mps_info and mps_host report them (memory in MiB by GPU UUID, ``*`` for every GPU)."""
-    if limits is None:
-        return None
-    return {
-        'active_thread_percentage': limits.active_thread_percentage,
-        'pinned_device_mem_limit_mib': dict(sorted(limits.pinned_device_mem_limit.items())),
-        'replicas': limits.replicas,
-    }
-
-
-def read_persisted(config: ConfigPaths) -> t.Optional[Limits]:
-    """The persisted wanted limits, or None when there are none (or the file is unreadable)."""
-    return Limits.from_data(read_json(config.limits_json))
-
-
-def write_replay(config: ConfigPaths, limits: t.Optional[Limits], device_uuids: t.Sequence[str], check_mode: bool) -> bool:
-    """(Re)write the commands file for ``device_uuids`` and the start environment; remove each when empty."""
-    cmds = limits.commands(device_uuids) if limits else []
-    changed = False
-    for path, text in ((config.limits_file, ''.join(cmd + '\n' for cmd in cmds)), (config.limits_env, start_env_text(cmds))):
-        changed = _write_or_remove(path, text, check_mode) or changed
-    return changed
-
-
-def _write_or_remove(path: str, text: str, check_mode: bool) -> bool:
-    current = read_text(path)
-    if not text:
-        if current is None:
-            return False
-        if not check_mode:
-            remove(path)
-        return True
-    if current == text:
-        return False
-    if not check_mode:
-        atomic_write(path, text, 0o644)
-    return True
-
-
-def persist(config: ConfigPaths, limits: Limits, check_mode: bool) -> bool:
-    """Write the wanted limits (JSON); True when the file changed (or would)."""
-    text = limits.to_json()
-    if read_text(config.limits_json) == text:
-        return False
-    if not check_mode:
-        atomic_write(config.limits_json, text, 0o644)
-    return True
-
-
-def read_replay(config: ConfigPaths) -> t.List[str]:
-    """The commands file, validated again: a tampered file cannot inject other commands."""
-    text = read_text(config.limits_file)
-    if not text:
-        return []
-    commands = []
-    for number, line in enumerate(text.splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith('#'):
-            continue
-        words = line.split()
-        if words[0] not in REPLAYABLE:
-            raise MpsError('%s line %d: %r is not a limit command; refusing to replay it' % (config.limits_file, number, line))
-        commands.append(command(*words))
-    return commands

@@ -25,6 +25,7 @@ import subprocess
 import typing as t
 
 from .._errors import MpsError
+from .._protocol.commands import QUIT
 from .._resource.layout import ConfigPaths, ResourcePaths
 
 UNIT_NAME = 'gpufleet-mps@.service'
@@ -73,7 +74,7 @@ ExecStartPre=/bin/sh -c 'mkdir -p -m "$${{MPS_LOG_MODE:-0700}}" "$$CUDA_MPS_LOG_
 ExecStartPre=/bin/sh -c 'if [ -n "$$MPS_COMPUTE_MODE" ]; then exec "$$MPS_NVIDIA_SMI" -i "$$CUDA_VISIBLE_DEVICES" -c "$$MPS_COMPUTE_MODE"; fi'
 ExecStart=/bin/sh -c 'exec "$$MPS_CONTROL" -d $$MPS_DAEMON_ARGS'
 ExecStartPost=/bin/sh -c '""" + _REPLAY + """'
-ExecStop=-/bin/sh -c 'echo "quit -t $$MPS_STOP_TIMEOUT" | "$$MPS_CONTROL"'
+ExecStop=-/bin/sh -c 'echo "{quit} -t $$MPS_STOP_TIMEOUT" | "$$MPS_CONTROL"'
 ExecStopPost=/bin/sh -c 'if [ -n "$$MPS_COMPUTE_MODE" ]; then "$$MPS_NVIDIA_SMI" -i "$$CUDA_VISIBLE_DEVICES" -c DEFAULT > /dev/null; fi'
 Restart=on-failure
 RestartSec=2s
@@ -160,7 +161,7 @@ def render_pidfile_dropin(pid_file: str) -> str:
 def render_unit(config_dir: str, start_timeout: int, stop_timeout: int) -> str:
     """The template unit's content."""
     # systemd must give the daemon longer than quit -t does before it kills it.
-    return UNIT_TEMPLATE.format(config_dir=config_dir, start_timeout=int(start_timeout) + 10,
+    return UNIT_TEMPLATE.format(config_dir=config_dir, quit=QUIT, start_timeout=int(start_timeout) + 10,
                                 stop_timeout=int(stop_timeout) + 10)
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from ansible_collections.gpufleet.mps.plugins.module_utils import _proc
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource import lock as _lock
-from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor import process as _daemon
+from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor import liveness as _liveness, process as _daemon
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import (
     ControlBinaryError, ControlCommandError, DaemonNotRunningError, DaemonTimeoutError, ReplayRejectedError,
 )
@@ -57,7 +57,7 @@ def _listen(path):
 def _hold_lock(paths):
     lock = os.open(os.path.join(paths.pipe_dir, 'control_lock'), os.O_RDWR | os.O_CREAT)
     fcntl.flock(lock, fcntl.LOCK_EX)
-    with open(os.path.join(paths.pipe_dir, _daemon.PID_FILE), 'w') as handle:
+    with open(os.path.join(paths.pipe_dir, _liveness.PID_FILE), 'w') as handle:
         handle.write(str(os.getpid()))
     return lock
 
@@ -66,16 +66,16 @@ def test_a_listening_control_socket_and_a_held_lock_mean_a_running_daemon_named_
     lock = _hold_lock(paths)
     sock = _listen(paths.control_socket)
     try:
-        state = _daemon.inspect(paths)
+        state = _liveness.inspect(paths)
         assert state.running and state.pid == os.getpid() and not state.stale and state.conflict is None
         assert state.label == 'running'
     finally:
         sock.close()
         os.close(lock)
     # SIGKILLed: the socket file stays, nobody listens, the kernel released the lock.
-    state = _daemon.inspect(paths)
+    state = _liveness.inspect(paths)
     assert not state.running and state.stale and state.pid is None and state.conflict is None
-    assert {'control', _daemon.PID_FILE} <= set(state.leftovers)
+    assert {'control', _liveness.PID_FILE} <= set(state.leftovers)
 
 
 def test_a_daemon_whose_lock_does_not_show_in_proc_locks_is_running_when_its_socket_answers(paths):
@@ -83,7 +83,7 @@ def test_a_daemon_whose_lock_does_not_show_in_proc_locks_is_running_when_its_soc
     try:
         open(os.path.join(paths.pipe_dir, 'control_lock'), 'w').close()
         assert _proc.lock_holders(os.path.join(paths.pipe_dir, 'control_lock')) == []
-        state = _daemon.inspect(paths)
+        state = _liveness.inspect(paths)
         assert state.running and not state.stale and state.conflict is None
     finally:
         sock.close()
@@ -95,7 +95,7 @@ def test_a_lock_holder_without_an_answering_socket_is_a_conflict_never_stale(pat
         for refusing in (False, True):
             if refusing:  # a socket file nobody listens on
                 _listen(paths.control_socket).close()
-            state = _daemon.inspect(paths)
+            state = _liveness.inspect(paths)
             assert not state.running and not state.stale and state.label == 'unknown'
             assert state.pid == os.getpid()
             assert 'process %d holds' % os.getpid() in state.conflict and 'nothing was cleaned' in state.conflict
@@ -105,17 +105,17 @@ def test_a_lock_holder_without_an_answering_socket_is_a_conflict_never_stale(pat
 
 
 def test_socket_answers_tells_listening_refusing_and_missing_apart(paths):
-    assert _daemon.socket_answers(paths.control_socket) is False
+    assert _liveness.socket_answers(paths.control_socket) is False
     sock = _listen(paths.control_socket)
-    assert _daemon.socket_answers(paths.control_socket) is True
+    assert _liveness.socket_answers(paths.control_socket) is True
     sock.close()
-    assert _daemon.socket_answers(paths.control_socket) is False
+    assert _liveness.socket_answers(paths.control_socket) is False
     stream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     os.unlink(paths.control_socket)
     stream.bind(paths.control_socket)
     stream.listen(1)
     try:
-        assert _daemon.socket_answers(paths.control_socket) is True  # another socket type: still somebody listening
+        assert _liveness.socket_answers(paths.control_socket) is True  # another socket type: still somebody listening
     finally:
         stream.close()
 
@@ -184,10 +184,10 @@ def test_a_rejected_quit_fails_at_once_with_the_daemons_words(paths):
 def test_a_pid_file_naming_an_unrelated_live_process_is_stale_not_running(paths):
     unrelated = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])
     try:
-        with open(os.path.join(paths.pipe_dir, _daemon.PID_FILE), 'w') as handle:
+        with open(os.path.join(paths.pipe_dir, _liveness.PID_FILE), 'w') as handle:
             handle.write(str(unrelated.pid))
         open(os.path.join(paths.pipe_dir, 'control_lock'), 'w').close()
-        state = _daemon.inspect(paths)
+        state = _liveness.inspect(paths)
         assert not state.running and state.stale
         assert state.pid_file_pid == unrelated.pid
     finally:
@@ -196,7 +196,7 @@ def test_a_pid_file_naming_an_unrelated_live_process_is_stale_not_running(paths)
 
 
 def test_nothing_in_the_pipe_dir_is_stopped_not_stale(paths):
-    state = _daemon.inspect(paths)
+    state = _liveness.inspect(paths)
     assert not state.running and not state.stale and state.leftovers == []
 
 
@@ -319,7 +319,7 @@ def test_a_daemon_whose_listen_backlog_is_full_still_answers(paths):
                 waiting[-1].connect(paths.control_socket)
             except BlockingIOError:
                 pass
-        assert _daemon.socket_answers(paths.control_socket, timeout=0.2) is True
+        assert _liveness.socket_answers(paths.control_socket, timeout=0.2) is True
     finally:
         for other in waiting:
             other.close()

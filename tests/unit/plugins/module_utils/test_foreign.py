@@ -7,14 +7,15 @@ import types
 
 import pytest
 
-from ansible_collections.gpufleet.mps.plugins.module_utils._daemon import manager as _manager
+from ansible_collections.gpufleet.mps.plugins.module_utils._daemon import devices as _devices
 from ansible_collections.gpufleet.mps.plugins.module_utils._daemon.manager import ResourceManager
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import DeviceSelectionError, InvalidParameterError
-from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import Gpu, visible_gpus
+from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import Gpu
+from ansible_collections.gpufleet.mps.plugins.module_utils._observe.scan import ForeignDaemon, foreign_daemons
 from ansible_collections.gpufleet.mps.plugins.module_utils._outcome import Outcome
 from ansible_collections.gpufleet.mps.plugins.module_utils._proc import control_daemons
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import config_paths, resource_paths
-from ansible_collections.gpufleet.mps.plugins.module_utils._resource.scan import ForeignDaemon, foreign_daemons
+from ansible_collections.gpufleet.mps.plugins.module_utils._selectors import visible_gpus
 
 
 def _gpu(index, uuid, cc=(9, 0), mode='default'):
@@ -95,7 +96,7 @@ def test_a_root_daemon_whose_pipe_directory_names_it_is_not_an_orphan(tmp_path):
     (pipe / 'nvidia-cuda-mps-control.pid').write_text('21')
     assert foreign_daemons(None, GPUS, proc=str(proc), outside=str(tmp_path / 'root')) == ([], [])
     (pipe / 'nvidia-cuda-mps-control.pid').write_text('99')  # the directory now belongs to another daemon
-    known, _ = foreign_daemons(None, GPUS, proc=str(proc), outside=str(tmp_path / 'root'))
+    known = foreign_daemons(None, GPUS, proc=str(proc), outside=str(tmp_path / 'root'))[0]
     assert [(daemon.pid, daemon.orphan, daemon.uuids) for daemon in known] == [(21, True, ['GPU-bbbb2222-0000'])]
 
 
@@ -109,7 +110,7 @@ def manager(tmp_path):
 
 
 def _foreign(monkeypatch, manager, known, unreadable=()):
-    monkeypatch.setattr(_manager, 'foreign_daemons', lambda pipe, gpus, pid, outside: (
+    monkeypatch.setattr(_devices, 'foreign_daemons', lambda pipe, gpus, pid, outside: (
         [daemon for daemon in known if not daemon.pipe_dir.startswith(outside + '/')], list(unreadable)))
     manager._foreign = None
 

@@ -7,7 +7,8 @@ import os
 import pytest
 
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import DeviceSelectionError, InvalidParameterError, NvmlError
-from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import Gpu, Nvml, mps_client_cap, resolve_devices
+from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import Gpu, Nvml, mps_client_cap
+from ansible_collections.gpufleet.mps.plugins.module_utils._selectors import resolve_devices
 
 
 def test_inventory_reads_every_field_through_real_pynvml(gpu_host):

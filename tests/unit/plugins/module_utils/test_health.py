@@ -14,7 +14,8 @@ from ansible_collections.gpufleet.mps.plugins.module_utils import _gpus
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import MpsError
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import config_paths, resource_paths
 from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.health import render_health
-from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.process import daemon_env, inspect
+from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.liveness import inspect
+from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.process import daemon_env
 
 
 class Health:

@@ -20,7 +20,7 @@ from ansible_collections.gpufleet.mps.plugins.module_utils._host import execute 
 from ansible_collections.gpufleet.mps.plugins.module_utils._host.manager import HostManager
 from ansible_collections.gpufleet.mps.plugins.module_utils._module import control_binary
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import resource_paths
-from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.process import inspect
+from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.liveness import inspect
 from ansible_collections.gpufleet.mps.plugins.modules.mps_host import argument_spec
 
 
@@ -206,7 +206,7 @@ def test_a_daemon_whose_root_was_deleted_is_refused_not_started_twice(host):
         host.run([{'name': 'train', 'devices': [0]}])
     assert _daemon_pids(host.root) == [orphan]
     _kill(orphan)
-    for _ in range(100):
+    for _attempt in range(100):
         if not _daemon_pids(host.root):
             break
         time.sleep(0.05)
@@ -227,7 +227,7 @@ def test_a_run_killed_at_any_change_never_leaves_the_ready_mark_over_a_down_reso
 
         def dying(out, listed, ready_path, kill_at=kill_at):
             steps = out.steps
-            changes = [index for index, (change, _) in enumerate(steps) if change is not None]
+            changes = [index for index, (change, _run) in enumerate(steps) if change is not None]
             out.steps = steps[:changes[kill_at]]
             real_execute(out, listed, ready_path)
             raise KeyboardInterrupt('killed before change %d' % kill_at)
@@ -253,7 +253,7 @@ def test_two_runs_at_once_both_succeed_and_the_second_finds_nothing_to_do(host):
             results.append(host.run(resources))
         except MpsError as exc:  # pragma: no cover - the failure the test is about
             errors.append(exc.msg)
-    threads = [threading.Thread(target=one) for _ in range(2)]
+    threads = [threading.Thread(target=one) for _run in range(2)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -333,3 +333,24 @@ def test_check_mode_creates_nothing_not_even_a_lock(host):
     assert out.changed and not os.path.exists(host.root) and not os.path.exists(str(host.base / 'etc'))
     assert not os.path.exists(str(host.base / 'facts.d'))
     assert sys.executable  # the run used this interpreter's NVML session only
+
+
+def test_two_runs_with_different_requests_both_apply_one_after_the_other(host):
+    """The second waits for the host lock, observes what the first left, and applies its own request."""
+    first = [{'name': 'train', 'devices': [0, 1]}]
+    second = [{'name': 'train', 'devices': [0]}, {'name': 'infer', 'devices': [1, 2]}]
+    results, errors = {}, []
+
+    def one(key, resources):
+        try:
+            results[key] = host.run(resources)
+        except MpsError as exc:  # pragma: no cover - the failure the test is about
+            errors.append(exc.msg)
+    threads = [threading.Thread(target=one, args=item) for item in (('first', first), ('second', second))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == [] and results['first'].changed and results['second'].changed
+    last = host.run(first, check=True).changes == [] and 'first' or host.run(second, check=True).changes == [] and 'second'
+    assert last in ('first', 'second') and host.ready

@@ -10,7 +10,7 @@ import types
 import pytest
 
 from ansible_collections.gpufleet.mps.plugins.module_utils._limits import manager as _limits_manager, model as _limits
-from ansible_collections.gpufleet.mps.plugins.module_utils._resource import store as _store
+from ansible_collections.gpufleet.mps.plugins.module_utils._limits import store as _store
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import InvalidParameterError, MpsError
 from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import Gpu
 from ansible_collections.gpufleet.mps.plugins.module_utils._limits.manager import LimitsManager

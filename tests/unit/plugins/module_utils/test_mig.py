@@ -9,9 +9,10 @@ import pytest
 
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import DeviceSelectionError, InvalidParameterError, MpsError
 from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import (
-    Gpu, MigDevice, Nvml, all_devices, profile_slices, resolve_devices, visible_gpus,
+    Gpu, MigDevice, Nvml, all_devices, profile_slices,
 )
 from ansible_collections.gpufleet.mps.plugins.module_utils._host.plan import plan_resources, replicas_for
+from ansible_collections.gpufleet.mps.plugins.module_utils._selectors import resolve_devices, visible_gpus
 
 
 @pytest.fixture(name='mixed')

@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.process import DaemonState
+from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.liveness import DaemonState
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import InvalidParameterError
 from ansible_collections.gpufleet.mps.plugins.module_utils._daemon import manager as _manager
 from ansible_collections.gpufleet.mps.plugins.module_utils._daemon.manager import Outcome, ResourceManager, Wanted

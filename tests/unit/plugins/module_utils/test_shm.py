@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from ansible_collections.gpufleet.mps.plugins.module_utils import _shm
+from ansible_collections.gpufleet.mps.plugins.module_utils import _shm, _tmpfs
 from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor import unit as _systemd
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import InvalidParameterError, MpsError
 
@@ -27,58 +27,58 @@ MOUNTINFO = r"""22 1 0:21 / / rw,relatime - ext4 /dev/vda rw
 ])
 def test_size_kib_rounds_like_the_kernel(size, kib):
     # 33% and 1% were checked against a real tmpfs on this machine (mountinfo size=8145584k).
-    assert _shm.size_kib(size, PAGES) == kib
+    assert _tmpfs.size_kib(size, PAGES) == kib
 
 
 @pytest.mark.parametrize('size', ['0', '0%', '101%', '-1G', '16GB', 'half', '1G,exec', '50%\n', '', ' ', '1.5G', True, None, 'size=1G'])
 def test_bad_sizes_fail_naming_size(size):
     with pytest.raises(InvalidParameterError, match=r'^size: must be a percentage of RAM'):
-        _shm.size_kib(size, PAGES)
+        _tmpfs.size_kib(size, PAGES)
 
 
 def test_mountinfo_is_parsed_with_escapes_and_optional_fields():
-    entry = _shm.mounted_at('/run/with space/shm', MOUNTINFO)
+    entry = _tmpfs.mounted_at('/run/with space/shm', MOUNTINFO)
     assert entry is not None and entry.fstype == 'tmpfs' and entry.flags == ['rw', 'relatime']
-    assert _shm.mounted_at('/run/nvidia/mps/shm', MOUNTINFO).super_options['size'] == '65536k'
-    assert _shm.mounted_at('/nowhere', MOUNTINFO) is None
+    assert _tmpfs.mounted_at('/run/nvidia/mps/shm', MOUNTINFO).super_options['size'] == '65536k'
+    assert _tmpfs.mounted_at('/nowhere', MOUNTINFO) is None
 
 
 def test_current_state_reads_the_size_and_the_default_the_kernel_omits(tmp_path):
-    state = _shm.current_state('/run/nvidia/mps/shm', PAGES, MOUNTINFO)
+    state = _tmpfs.current_state('/run/nvidia/mps/shm', PAGES, MOUNTINFO)
     assert (state.mounted, state.size_kib, state.flags) == (True, 65536, ['rw', 'nosuid', 'nodev', 'noexec'])
-    default = _shm.current_state('/run/with space/shm', PAGES, MOUNTINFO)
-    assert default.size_kib == _shm.size_kib('50%', PAGES) and default.flags == ['rw']
-    assert not _shm.current_state('/nowhere', PAGES, MOUNTINFO).mounted
+    default = _tmpfs.current_state('/run/with space/shm', PAGES, MOUNTINFO)
+    assert default.size_kib == _tmpfs.size_kib('50%', PAGES) and default.flags == ['rw']
+    assert not _tmpfs.current_state('/nowhere', PAGES, MOUNTINFO).mounted
 
 
 def test_another_file_system_on_the_path_is_refused():
     with pytest.raises(MpsError, match='is a mount point of a ext4 file system .*not a tmpfs'):
-        _shm.current_state('/srv/x/shm', PAGES, MOUNTINFO)
+        _tmpfs.current_state('/srv/x/shm', PAGES, MOUNTINFO)
 
 
 def test_fstab_edit_replaces_only_our_entry_and_keeps_the_rest():
     text = 'UUID=a / ext4 defaults 0 1\n# a comment\ntmpfs /run/nvidia/mps/shm/ tmpfs size=1G 0 0\n'
-    line = _shm.fstab_line('/run/nvidia/mps/shm', 65536)
+    line = _tmpfs.fstab_line('/run/nvidia/mps/shm', 65536)
     assert line.endswith('mode=1777,X-mount.mkdir 0 0')
-    edited = _shm.fstab_edit(text, '/run/nvidia/mps/shm', line)
-    mark = _shm.FSTAB_MARK + ' /run/nvidia/mps/shm'
+    edited = _tmpfs.fstab_edit(text, '/run/nvidia/mps/shm', line)
+    mark = _tmpfs.FSTAB_MARK + ' /run/nvidia/mps/shm'
     assert edited.splitlines() == ['UUID=a / ext4 defaults 0 1', '# a comment', mark, line]
-    assert _shm.fstab_edit(edited, '/run/nvidia/mps/shm', line) is edited
-    assert _shm.fstab_edit(edited, '/run/nvidia/mps/shm', None) == 'UUID=a / ext4 defaults 0 1\n# a comment\n'
-    assert _shm.fstab_line('/a b/shm', 4) == 'tmpfs /a\\040b/shm tmpfs rw,nosuid,nodev,noexec,size=4k,mode=1777,X-mount.mkdir 0 0'
-    assert _shm.fstab_edit(_shm.fstab_edit('', '/a b/shm', _shm.fstab_line('/a b/shm', 4)), '/a b/shm', None) == ''
+    assert _tmpfs.fstab_edit(edited, '/run/nvidia/mps/shm', line) is edited
+    assert _tmpfs.fstab_edit(edited, '/run/nvidia/mps/shm', None) == 'UUID=a / ext4 defaults 0 1\n# a comment\n'
+    assert _tmpfs.fstab_line('/a b/shm', 4) == 'tmpfs /a\\040b/shm tmpfs rw,nosuid,nodev,noexec,size=4k,mode=1777,X-mount.mkdir 0 0'
+    assert _tmpfs.fstab_edit(_tmpfs.fstab_edit('', '/a b/shm', _tmpfs.fstab_line('/a b/shm', 4)), '/a b/shm', None) == ''
 
 
 def test_fstab_entries_of_two_roots_leave_each_other_alone():
-    one = _shm.fstab_edit('', '/srv/a/shm', _shm.fstab_line('/srv/a/shm', 4))
-    both = _shm.fstab_edit(one, '/srv/b/shm', _shm.fstab_line('/srv/b/shm', 8))
-    assert _shm.fstab_edit(both, '/srv/a/shm', _shm.fstab_line('/srv/a/shm', 4)) is both
-    assert _shm.fstab_edit(both, '/srv/b/shm', None) == one
+    one = _tmpfs.fstab_edit('', '/srv/a/shm', _tmpfs.fstab_line('/srv/a/shm', 4))
+    both = _tmpfs.fstab_edit(one, '/srv/b/shm', _tmpfs.fstab_line('/srv/b/shm', 8))
+    assert _tmpfs.fstab_edit(both, '/srv/a/shm', _tmpfs.fstab_line('/srv/a/shm', 4)) is both
+    assert _tmpfs.fstab_edit(both, '/srv/b/shm', None) == one
 
 
 def test_an_fstab_without_our_entry_is_never_rewritten_even_without_a_final_newline():
     text = 'UUID=a / ext4 defaults 0 1'
-    assert _shm.fstab_edit(text, '/run/nvidia/mps/shm', None) is text
+    assert _tmpfs.fstab_edit(text, '/run/nvidia/mps/shm', None) is text
 
 
 def test_a_bind_mount_of_another_tmpfs_is_refused():
@@ -86,17 +86,17 @@ def test_a_bind_mount_of_another_tmpfs_is_refused():
             '66 22 0:30 / /run/nvidia/mps/shm rw,nosuid,nodev,noexec - tmpfs tmpfs rw\n'
             '67 22 0:31 /sub /srv/x/shm rw - tmpfs tmpfs rw\n')
     with pytest.raises(MpsError, match=r'is a bind mount of a tmpfs that is also mounted elsewhere \(/dev/shm\)'):
-        _shm.current_state('/run/nvidia/mps/shm', PAGES, info)
+        _tmpfs.current_state('/run/nvidia/mps/shm', PAGES, info)
     with pytest.raises(MpsError, match='its directory /sub'):
-        _shm.current_state('/srv/x/shm', PAGES, info)
+        _tmpfs.current_state('/srv/x/shm', PAGES, info)
 
 
 def test_symbolic_links_in_the_parents_are_resolved_as_the_kernel_names_mount_points(tmp_path):
     (tmp_path / 'run').mkdir()
     os.symlink(tmp_path / 'run', tmp_path / 'varrun')
-    assert _shm.real_path(str(tmp_path / 'varrun' / 'shm')) == str(tmp_path / 'run' / 'shm')
+    assert _tmpfs.real_path(str(tmp_path / 'varrun' / 'shm')) == str(tmp_path / 'run' / 'shm')
     info = '66 22 0:40 / %s rw,nosuid - tmpfs tmpfs rw\n' % (tmp_path / 'run' / 'shm')
-    assert _shm.mounted_at(str(tmp_path / 'varrun' / 'shm'), info) is not None
+    assert _tmpfs.mounted_at(str(tmp_path / 'varrun' / 'shm'), info) is not None
 
 
 @pytest.mark.parametrize('path', ['/a b/shm', '/a%n/shm', '/a:b/shm', '/%s/shm' % ('x' * 300)])
@@ -110,7 +110,7 @@ def test_shm_persisted_finds_the_unit_or_the_fstab_line(tmp_path):
     fstab = tmp_path / 'fstab'
     fstab.write_text('')
     assert not _shm.shm_persisted(path, str(tmp_path), str(fstab))
-    fstab.write_text(_shm.fstab_line(path, 4) + '\n')
+    fstab.write_text(_tmpfs.fstab_line(path, 4) + '\n')
     assert _shm.shm_persisted(path, str(tmp_path), str(fstab))
     fstab.write_text('')
     (tmp_path / _shm.mount_unit_name(path)).write_text('x')
@@ -207,7 +207,7 @@ def test_systemd_persistence_writes_enables_and_removes_the_unit(tmp_path, monke
     # switching to fstab removes the unit, so two mechanisms never both mount it at boot
     moved = manager('fstab').ensure('mounted', '64m')
     assert 'disable %s' % unit_file.name in moved.actions and not unit_file.exists()
-    assert _shm.fstab_line(str(tmp_path / 'root' / 'shm'), 65536) in fstab.read_text()
+    assert _tmpfs.fstab_line(str(tmp_path / 'root' / 'shm'), 65536) in fstab.read_text()
 
 
 def test_absent_unmounts_and_a_resize_remounts(tmp_path, monkeypatch):

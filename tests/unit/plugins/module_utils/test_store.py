@@ -6,16 +6,17 @@ from __future__ import annotations
 import os
 
 from ansible_collections.gpufleet.mps.plugins.module_utils._limits.model import Limits
-from ansible_collections.gpufleet.mps.plugins.module_utils._resource import store
+from ansible_collections.gpufleet.mps.plugins.module_utils._limits import store
+from ansible_collections.gpufleet.mps.plugins.module_utils._observe.scan import scan_config
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import config_paths
-from ansible_collections.gpufleet.mps.plugins.module_utils._resource.scan import scan_config
+from ansible_collections.gpufleet.mps.plugins.module_utils._resource.store import start_environment
 from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.unit import render_unit
 
 
 def test_only_the_thread_percentage_goes_into_the_start_environment():
     commands = ['set_default_active_thread_percentage 25.0', 'set_default_device_pinned_mem_limit 0 20480M']
-    assert store.start_environment(commands) == {'CUDA_MPS_ACTIVE_THREAD_PERCENTAGE': '25.0'}
-    assert store.start_environment(commands[1:]) == {}
+    assert start_environment(commands) == {'CUDA_MPS_ACTIVE_THREAD_PERCENTAGE': '25.0'}
+    assert start_environment(commands[1:]) == {}
 
 
 def test_the_start_environment_file_follows_the_limits_and_goes_with_the_percentage(tmp_path):

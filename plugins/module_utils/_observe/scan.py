@@ -9,11 +9,12 @@ import re
 import typing as t
 from dataclasses import dataclass
 
-from .._gpus import Gpu, visible_gpus
+from .._gpus import Gpu
 from .._proc import control_daemons, same_directory
-from .._supervisor.process import DEFAULT_PIPE_DIR, DaemonState, inspect, read_pid_file
-from .layout import SHM_DIR, is_valid_name, resource_paths, systemd_instance
-from .record import StartRecord, read_record
+from .._supervisor.liveness import DEFAULT_PIPE_DIR, DaemonState, inspect, read_pid_file
+from .._resource.layout import SHM_DIR, is_valid_name, resource_paths, systemd_instance
+from .._resource.record import StartRecord, read_record
+from .._selectors import visible_gpus
 
 
 def scan_resources(root: str, with_logs: bool = False) -> t.List[str]:

@@ -1,0 +1,61 @@
+# Copyright: gpufleet.mps contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Clients connected to a daemon that must stop: refuse, wait for them to leave, or end them."""
+
+from __future__ import annotations
+
+import time
+import typing as t
+
+from .._errors import MpsError
+from .._outcome import Outcome
+from .._proc import child_pids, process_uid
+from .._protocol.state import read_state
+from .._supervisor.liveness import DaemonState
+from .model import DaemonOutcome
+
+BUSY_POLL = 0.5
+
+
+class BusyClients:
+    """Of :class:`ResourceManager`: the clients of a daemon that a run stops."""
+
+    def connected_clients(self, pid: t.Optional[int]) -> t.List[t.Dict[str, t.Any]]:
+        """The clients of the daemon's servers, as the daemon lists them (one UI process)."""
+        readout = read_state(self.daemon.query, 0, child_pids(pid) if pid else [])
+        return [{'pid': client, 'uid': process_uid(client), 'server': server.pid}
+                for server in readout.servers for client in server.clients]
+
+    def _plan_busy(self, current: DaemonState, out: Outcome, change: str) -> None:
+        """Connected clients would be ended by this stop: refuse (the default), wait for them, or go on and end them."""
+        clients = self.connected_clients(current.pid)
+        if not clients:
+            return
+        if isinstance(out, DaemonOutcome):
+            out.clients = clients
+        named = ', '.join('pid %d (uid %s) on server %d' % (client['pid'], client['uid'], client['server']) for client in clients)
+        if self.busy == 'refuse':
+            raise MpsError('busy: %s of the MPS control daemon for %s (pid %s) would end its %d connected client(s) - %s; '
+                           'nothing was done. Set busy=wait to wait up to busy_timeout seconds for them to leave, or '
+                           'busy=terminate to end them' % (change, self.paths.name, current.pid, len(clients), named),
+                           clients=clients)
+        self._ends_clients = self.busy == 'terminate'
+        if self.busy == 'wait':
+            out.act('wait up to %ds for %d connected client(s) to leave - %s' % (self.busy_timeout, len(clients), named),
+                    lambda: self._wait_idle(current.pid, change))
+        else:
+            out.warnings.append('%s of the MPS control daemon for %s ends its %d connected client(s) (busy=terminate) - %s' % (
+                change, self.paths.name, len(clients), named))
+
+    def _wait_idle(self, pid: t.Optional[int], change: str) -> None:
+        deadline = time.monotonic() + self.busy_timeout
+        while True:
+            clients = self.connected_clients(pid)
+            if not clients:
+                return
+            if time.monotonic() >= deadline:
+                raise MpsError('busy: the MPS control daemon for %s (pid %s) still has %d connected client(s) after %ds - %s; '
+                               '%s was not done (busy=wait)' % (
+                                   self.paths.name, pid, len(clients), self.busy_timeout,
+                                   ', '.join('pid %d' % client['pid'] for client in clients), change), clients=clients)
+            self.daemon.sleep(BUSY_POLL)

@@ -1,0 +1,161 @@
+# Copyright: gpufleet.mps contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""A resource's devices: resolved and checked, who else serves them, and their compute modes."""
+
+from __future__ import annotations
+
+import typing as t
+
+from .._errors import DeviceSelectionError, InvalidParameterError
+from .._gpus import VOLTA_CC, Gpu, all_devices, is_mig_uuid
+from .._observe.scan import ForeignDaemon, foreign_daemons, gpu_claims, live_daemons
+from .._outcome import Outcome
+from .._resource.record import StartRecord
+from .._selectors import resolve_devices
+from .._shm import shm_persisted
+from .._tmpfs import mounted_at
+from .model import DaemonOutcome, Wanted
+
+
+class DeviceChoice:
+    """Of :class:`ResourceManager`: the GPUs it may take, and giving their compute modes back."""
+
+    def owned_elsewhere(self) -> t.Dict[str, str]:
+        """UUID -> resource, for GPUs of the other live daemons under the same root."""
+        others = live_daemons(self.paths.root, exclude=self.paths.name)
+        return {uuid: names[0] for uuid, names in gpu_claims({name: found[1] for name, found in others.items()
+                                                              if name not in self.ignore_owners}).items()}
+
+    def foreign(self) -> t.Tuple[t.Dict[str, ForeignDaemon], t.List[ForeignDaemon]]:
+        """(GPU UUID -> a daemon not of this root that serves it, daemons whose GPUs cannot be told).
+
+        Daemons under the same root are told by their start records (:meth:`owned_elsewhere`, which names
+        the resource); the processes show the others: under another root, started by hand, the device
+        plugin's.
+        """
+        if self._foreign is None:
+            # A resource of this root is left to its record (owned_elsewhere names the resource).
+            known, unreadable = foreign_daemons(self.paths.pipe_dir, self.nvml.gpus(), self._own_pid, outside=self.paths.root)
+            claims: t.Dict[str, ForeignDaemon] = {}
+            for daemon in known:
+                for uuid in daemon.uuids:
+                    claims.setdefault(uuid, daemon)
+            self._foreign = (claims, unreadable)
+        return self._foreign
+
+    def _refuse_foreign(self, devices: t.Sequence[Gpu], out: Outcome) -> None:
+        """Never take a GPU that an MPS daemon of another root, or of another tool, serves."""
+        claims, unreadable = self.foreign()
+        taken = [(gpu, claims[gpu.uuid]) for gpu in devices if gpu.uuid in claims]
+        if taken:
+            raise DeviceSelectionError(
+                'devices: %s; one GPU served by two MPS control daemons breaks both (and stopping one resets the other\'s '
+                'compute mode). Stop that daemon (echo quit | CUDA_MPS_PIPE_DIRECTORY=<its pipe directory> '
+                'nvidia-cuda-mps-control) or choose other devices; nothing was done' % '; '.join(
+                    '%s is served by another MPS control daemon: %s' % (gpu.label, daemon.describe())
+                    for gpu, daemon in taken))
+        for daemon in unreadable:
+            out.warnings.append('another MPS control daemon runs, %s, and this run cannot read its environment to tell which '
+                                'GPUs it serves (run as root): make sure it does not serve %s' % (
+                                    daemon.describe(), ', '.join(gpu.label for gpu in devices)))
+
+    def wanted(self, selectors: t.Any, multiuser: bool, compute_mode: str, enabled: bool, shm: bool = False,
+               foreground: bool = False) -> Wanted:
+        """Resolve and check the requested devices; raises before any side effect."""
+        if foreground and self.supervisor != 'systemd':
+            raise InvalidParameterError('foreground', 'needs supervisor=systemd (systemd keeps the foreground daemon and sends '
+                                        'its output to the journal); a daemon this module starts itself must detach (-d)')
+        devices = resolve_devices(selectors, self.nvml.gpus(), warnings=self.pending_warnings)
+        if compute_mode != 'unchanged' and any(gpu.is_mig for gpu in devices):
+            # NVML refuses compute modes on MIG devices and on a GPU in MIG mode: MIG isolates the instance instead.
+            self.compute_mode_note = ('%s not applied: %s is a MIG device, and NVML has no compute mode for MIG devices (nor '
+                                      'for a GPU in MIG mode); the instance is isolated by MIG instead' % (
+                                          compute_mode.upper(), devices[0].label))
+            compute_mode = 'unchanged'
+        old = [gpu for gpu in devices if gpu.compute_capability < VOLTA_CC]
+        if multiuser and old:
+            raise InvalidParameterError('multiuser', 'needs GPUs of compute capability 7.0 (Volta) or newer: %s %s older. The '
+                                        'driver starts -multiuser-server below it, but clients that are not root then fail '
+                                        'to connect; use multiuser=false (one server per user) on these GPUs' % (
+                                            ', '.join('GPU %d (%s, %s, %d.%d)' % ((gpu.index, gpu.uuid, gpu.name) + gpu.compute_capability)
+                                                      for gpu in old), 'is' if len(old) == 1 else 'are'))
+        owners = self.owned_elsewhere()
+        taken = [(gpu, owners[gpu.uuid]) for gpu in devices if gpu.uuid in owners]
+        if taken:
+            raise DeviceSelectionError('devices: %s already used by another MPS daemon under %s' % (
+                '; '.join('%s by resource %r' % (gpu.label, owner) for gpu, owner in taken), self.paths.root))
+        if shm and not self.shm_planned and mounted_at(self.paths.shm_dir) is None:
+            message = ('%s does not exist or is not mounted: mount the shared tmpfs with gpufleet.mps.mps_shm before '
+                       'starting daemons with shm=true' % self.paths.shm_dir)
+            if not self.check_mode:
+                raise InvalidParameterError('shm', message)
+            self.pending_warnings.append(message + ' (check mode carries on)')
+        if shm and self.supervisor == 'systemd' and not self.shm_planned and not shm_persisted(self.paths.shm_dir, self.unit_dir):
+            self.pending_warnings.append(
+                '%s is mounted but neither a mount unit nor an fstab line brings it back at boot: the unit %s needs it '
+                '(RequiresMountsFor=, BindPaths=) and will fail to start after a reboot; mount it with '
+                'gpufleet.mps.mps_shm persist=systemd' % (self.paths.shm_dir, self.unit))
+        return Wanted(devices, multiuser, self.supervisor, compute_mode, enabled, shm, foreground)
+
+    def _report_gone(self, record: t.Optional[StartRecord], wanted: t.Optional[Wanted], out: 'DaemonOutcome') -> None:
+        """Name the devices the daemon was started on that NVML no longer reports: a MIG instance destroyed, or
+        destroyed and created again with a new UUID (nvidia-mig-parted re-partitioning). Nothing is reset for them."""
+        if record is None:
+            return
+        known = {gpu.uuid for gpu in all_devices(self.nvml.gpus())}
+        onto = wanted.devices if wanted is not None else self.restart_onto
+        for uuid in record.devices:
+            if uuid in known:
+                continue
+            if onto:
+                then = 'The daemon restarts on %s.' % ', '.join(gpu.label for gpu in onto)
+            elif self._own_pid:
+                then = 'The daemon is stopped; nothing is reset for the device.'
+            else:
+                then = 'Nothing is reset for it.'
+            if is_mig_uuid(uuid):
+                what = ('MIG device %s, which resource %r was started on, no longer exists: its instance was destroyed (or '
+                        're-created by re-partitioning, with a new UUID), and clients of the daemon on it fail. %s%s' % (
+                            uuid, self.paths.name, then, '' if onto else
+                            ' To serve the new instance, list the resource with its MIG device (nvidia-smi -L lists them).'))
+            else:
+                what = 'GPU %s, which resource %r was started on, is no longer reported by NVML (removed, or fallen off the bus). %s' % (
+                    uuid, self.paths.name, then)
+            out.gone.append({'uuid': uuid, 'message': what})
+            out.warnings.append(what)
+
+    def _set_compute_modes(self, devices: t.Sequence[Gpu], mode: str, out: Outcome) -> None:
+        if mode == 'unchanged':
+            return
+        for gpu in devices:
+            if gpu.is_mig or gpu.mig_enabled:
+                # NVML has no compute mode for a MIG device (wanted() says so in the diff), nor for a GPU in MIG mode (one
+                # whose MIG mode was enabled under a running daemon: it is given back as it is).
+                continue
+            if gpu.compute_mode != mode:
+                change = out.act('set compute mode %s on GPU %d (%s)' % (mode.upper(), gpu.index, gpu.uuid),
+                                 lambda gpu=gpu: self.nvml.set_compute_mode(gpu, mode))
+                change.undo = lambda gpu=gpu, was=gpu.compute_mode: self.nvml.set_compute_mode(gpu, was)
+
+    def _release_dropped(self, wanted: Wanted, record: t.Optional[StartRecord], out: Outcome) -> None:
+        """After a restart on fewer GPUs, give the dropped ones back to non-MPS users."""
+        if not record or record.compute_mode == 'unchanged':
+            return
+        dropped = set(record.devices) - {gpu.uuid for gpu in wanted.devices}
+        self._set_compute_modes(self._releasable(dropped, out), 'default', out)
+
+    def _releasable(self, uuids: t.Set[str], out: Outcome) -> t.List[Gpu]:
+        """The GPUs of ``uuids`` whose compute mode may go back to DEFAULT: no other MPS daemon serves them."""
+        still_used = set(self.owned_elsewhere())
+        claims = self.foreign()[0]
+        gpus = []
+        for gpu in self.nvml.gpus():
+            if gpu.uuid not in uuids or gpu.uuid in still_used or gpu.uuid in self.keep_modes:
+                continue
+            if gpu.uuid in claims:
+                if gpu.compute_mode != 'default':
+                    out.warnings.append('GPU %d (%s) keeps compute mode %s: another MPS control daemon serves it, %s' % (
+                        gpu.index, gpu.uuid, gpu.compute_mode.upper(), claims[gpu.uuid].describe()))
+                continue
+            gpus.append(gpu)
+        return gpus

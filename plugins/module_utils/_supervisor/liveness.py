@@ -1,0 +1,151 @@
+# Copyright: gpufleet.mps contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""One MPS control daemon found from its pipe directory: whether it is alive, and its pid.
+
+Liveness is decided by the control socket: a daemon is alive when ``<pipe>/control`` accepts a
+connection, dead when the socket is missing or refuses (a SIGKILLed daemon leaves the file, but nobody
+listens on it). Nothing public says which kind of lock the daemon takes on ``control_lock``, so the
+kernel's lock table (``/proc/locks``) and the pid file are supporting evidence only: they name the
+pid, and when they say a daemon of this pipe directory is alive while its socket does not answer, the
+two disagree - that is reported and nothing is touched (no stale cleanup, no compute-mode reset, no
+second daemon). A pid file whose pid is alive but is not a control daemon of this pipe directory
+belongs to an unrelated process that reused the pid: stale, and never signalled.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import typing as t
+from dataclasses import dataclass, field
+
+from .._proc import environ_of, has_open, lock_holders, looks_like_daemon, pid_alive
+from .._resource.layout import ResourcePaths
+
+PID_FILE = 'nvidia-cuda-mps-control.pid'
+LOCK_FILE = 'control_lock'
+# Files a daemon leaves in its pipe directory; which of them a clean quit removes is undocumented.
+PIPE_DIR_FILES = ('control', 'control_privileged', 'log', PID_FILE)
+# The pipe directory of a daemon started without CUDA_MPS_PIPE_DIRECTORY.
+DEFAULT_PIPE_DIR = '/tmp/nvidia-mps'
+
+
+def socket_answers(path: str, timeout: float = 2.0) -> t.Optional[bool]:
+    """Whether a daemon listens on the control socket ``path``: True, False (missing or refused), None (cannot tell).
+
+    A bare connect, closed at once: the daemon logs ``Accepting connection...`` and, as for any peer that
+    sends no credentials, ``User did not send valid credentials``; nothing else happens.
+    """
+    try:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    except OSError:
+        return None
+    try:
+        sock.settimeout(timeout)
+        sock.connect(path)
+        return True
+    except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
+        return False
+    except (BlockingIOError, socket.timeout):
+        return True  # a full backlog (EAGAIN on AF_UNIX): bound and listening, but not accepting - a hung daemon
+    except OSError as exc:
+        if exc.errno in (errno.EPROTOTYPE, errno.EAGAIN):
+            return True  # bound by a listener of another socket type, or busy: somebody listens there
+        return None  # EACCES and the like: this process cannot tell
+    finally:
+        sock.close()
+
+
+@dataclass
+class DaemonState:
+    """What the pipe directory says about the daemon, without talking to it (a bare connect at most)."""
+
+    running: bool
+    pid: t.Optional[int]
+    pid_file_pid: t.Optional[int]
+    leftovers: t.List[str] = field(default_factory=list)
+    # Set when the evidence disagrees (a live daemon process of this pipe directory, but no socket that
+    # answers): nothing may be cleaned, stopped, started or reset on the word of either.
+    conflict: t.Optional[str] = None
+
+    @property
+    def stale(self) -> bool:
+        """Dead, but files of a previous daemon remain."""
+        return not self.running and self.conflict is None and bool(self.leftovers)
+
+    @property
+    def label(self) -> str:
+        if self.running:
+            return 'running'
+        if self.conflict:
+            return 'unknown'
+        return 'stale' if self.stale else 'stopped'
+
+
+def read_pid_file(pipe_dir: str) -> t.Optional[int]:
+    try:
+        with open(os.path.join(pipe_dir, PID_FILE), encoding='ascii', errors='replace') as handle:
+            text = handle.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def inspect(paths: ResourcePaths) -> DaemonState:
+    """Find the daemon of ``paths``: its control socket decides; the lock table and the pid file name it."""
+    pid_file_pid = read_pid_file(paths.pipe_dir)
+    leftovers = [name for name in PIPE_DIR_FILES if os.path.lexists(os.path.join(paths.pipe_dir, name))]
+    if os.path.exists(paths.started_file):
+        leftovers.append(os.path.basename(paths.started_file))
+    answers = socket_answers(paths.control_socket) if os.path.lexists(paths.control_socket) else False
+    holders = [pid for pid in lock_holders(os.path.join(paths.pipe_dir, LOCK_FILE)) or [] if pid > 0 and pid_alive(pid)]
+    pid: t.Optional[int] = None
+    if pid_file_pid is not None and pid_alive(pid_file_pid) and (
+            pid_file_pid in holders or _is_daemon_of(pid_file_pid, paths.pipe_dir)):
+        pid = pid_file_pid
+    elif holders:
+        pid = holders[0]
+    if answers is None:
+        # This process may not connect (permissions): the lock and the pid file are all there is.
+        return DaemonState(pid is not None, pid, pid_file_pid, leftovers)
+    if answers:
+        if pid is None and pid_file_pid is not None and pid_alive(pid_file_pid) and _serves(pid_file_pid, paths.pipe_dir) is not False:
+            # The answering daemon wrote it at its start; a process of another pid namespace that has the same
+            # number serves another pipe directory (or none), which its environment shows.
+            pid = pid_file_pid
+        return DaemonState(True, pid, pid_file_pid, leftovers)
+    if pid is not None:
+        evidence = []
+        if pid in holders:
+            evidence.append('holds %s' % os.path.join(paths.pipe_dir, LOCK_FILE))
+        if pid == pid_file_pid:
+            evidence.append('is named by %s' % os.path.join(paths.pipe_dir, PID_FILE))
+        conflict = ('process %d %s, but %s %s: the evidence disagrees (a daemon still starting, one that failed to bind its '
+                    'socket, or a socket removed under a live daemon), so nothing was cleaned, stopped, started or reset; '
+                    'find out what pid %d is doing (see %s) and stop it, then run again' % (
+                        pid, ' and '.join(evidence), paths.control_socket,
+                        'refuses connections' if os.path.lexists(paths.control_socket) else 'does not exist',
+                        pid, os.path.join(paths.log_dir, 'control.log')))
+        return DaemonState(False, pid, pid_file_pid, leftovers, conflict)
+    return DaemonState(False, None, pid_file_pid, leftovers)
+
+
+def _serves(pid: int, pipe_dir: str) -> t.Optional[bool]:
+    """Whether the process's pipe directory is ``pipe_dir``; None when its environment cannot be read."""
+    env = environ_of(pid)
+    if env is None:
+        return None
+    return os.path.normpath(env.get('CUDA_MPS_PIPE_DIRECTORY') or DEFAULT_PIPE_DIR) == os.path.normpath(pipe_dir)
+
+
+def _is_daemon_of(pid: int, pipe_dir: str) -> bool:
+    """The process is a control daemon of ``pipe_dir``, as far as /proc shows.
+
+    A daemon by its name (comm, truncated to 15 characters) or because it has ``control_lock`` open; and,
+    where its environment is readable, one whose pipe directory is ``pipe_dir``.
+    """
+    if not (looks_like_daemon(pid) or has_open(pid, os.path.join(pipe_dir, LOCK_FILE))):
+        return False
+    # Another user's process: its name is all this process can see.
+    return _serves(pid, pipe_dir) is not False
