@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # Copyright: gpufleet.mps contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Upgrade in place: a host provisioned by the previous tree, daemons running and a client connected, is taken over by
