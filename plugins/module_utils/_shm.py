@@ -29,30 +29,13 @@ from ._resource.layout import SHM_DIR, resource_paths, systemd_instance, validat
 from ._observe.scan import scan_resources
 from ._selinux import enabled as selinux_enabled, plan_type, set_type as set_selinux_type, validate_type as validate_selinux_type
 from ._supervisor.unit import Systemctl, systemd_is_pid1
-from ._tmpfs import FLAGS, ShmState, current_state, fstab_edit, fstab_entries, fstab_line, mount_options, real_path, size_kib
+from ._tmpfs import (  # noqa: F401  pylint: disable=unused-import
+    FLAGS, ShmState, check_unit_path, current_state, fstab_edit, fstab_entries, fstab_line, mount_options, mount_unit_name, real_path,
+    shm_persisted, size_kib,
+)
 
 MODE = 0o1777
 UNIT_HEADER = '# Managed by the gpufleet.mps Ansible collection (mps_shm). Local changes are overwritten.'
-
-
-def mount_unit_name(path: str) -> str:
-    """``systemd-escape --path --suffix=mount PATH``."""
-    return systemd_instance(os.path.normpath(path).strip('/')) + '.mount'
-
-
-def shm_persisted(path: str, unit_dir: str, fstab: str = '/etc/fstab') -> bool:
-    """Whether a mount unit or an fstab line mounts ``path`` at boot."""
-    path = real_path(path)
-    return os.path.exists(os.path.join(unit_dir, mount_unit_name(path))) or bool(fstab_entries(read_text(fstab) or '', path))
-
-
-def check_unit_path(path: str, param: str) -> None:
-    """Refuse a path that a unit file cannot carry as written (specifiers, separators, name length)."""
-    if any(char.isspace() or char in '%:\\"\'' for char in path):
-        raise InvalidParameterError(param, '%r cannot be written into a systemd unit: use a root without spaces, quotes, '
-                                    '"%%", ":" or "\\"' % path)
-    if len(mount_unit_name(path)) > 255:
-        raise InvalidParameterError(param, 'the mount unit name for %s would be longer than 255 characters' % path)
 
 
 def render_mount_unit(path: str, kib: int) -> str:

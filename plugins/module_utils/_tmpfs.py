@@ -12,7 +12,9 @@ import typing as t
 from dataclasses import dataclass, field
 
 from ._errors import InvalidParameterError, MpsError
+from ._io import read_text
 from ._proc import read_mountinfo
+from ._resource.layout import systemd_instance
 
 FLAGS = ('rw', 'nosuid', 'nodev', 'noexec')
 SIZE_FORM = 'a percentage of RAM from 1% to 100% (e.g. "50%", the default) or a size with a k, m, g or t suffix (e.g. "16G")'
@@ -177,3 +179,23 @@ def fstab_edit(text: str, path: str, line: t.Optional[str]) -> str:
     if line is not None:
         out += [mark, line]
     return '\n'.join(out) + '\n' if out else ''
+
+
+def mount_unit_name(path: str) -> str:
+    """``systemd-escape --path --suffix=mount PATH``."""
+    return systemd_instance(os.path.normpath(path).strip('/')) + '.mount'
+
+
+def shm_persisted(path: str, unit_dir: str, fstab: str = '/etc/fstab') -> bool:
+    """Whether a mount unit or an fstab line mounts ``path`` at boot."""
+    path = real_path(path)
+    return os.path.exists(os.path.join(unit_dir, mount_unit_name(path))) or bool(fstab_entries(read_text(fstab) or '', path))
+
+
+def check_unit_path(path: str, param: str) -> None:
+    """Refuse a path that a unit file cannot carry as written (specifiers, separators, name length)."""
+    if any(char.isspace() or char in '%:\\"\'' for char in path):
+        raise InvalidParameterError(param, '%r cannot be written into a systemd unit: use a root without spaces, quotes, '
+                                    '"%%", ":" or "\\"' % path)
+    if len(mount_unit_name(path)) > 255:
+        raise InvalidParameterError(param, 'the mount unit name for %s would be longer than 255 characters' % path)

@@ -12,8 +12,7 @@ from .._observe.scan import ForeignDaemon, foreign_daemons, gpu_claims, live_dae
 from .._outcome import Outcome
 from .._resource.record import StartRecord
 from .._selectors import resolve_devices
-from .._shm import shm_persisted
-from .._tmpfs import mounted_at
+from .._tmpfs import mounted_at, shm_persisted
 from .model import DaemonOutcome, Wanted
 
 

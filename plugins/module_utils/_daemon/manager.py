@@ -23,11 +23,10 @@ from .._resource.layout import ConfigPaths, ResourcePaths, config_paths, contain
 from .._resource.lock import RESOURCE_LOCK, resource_lock
 from .._resource.record import StartRecord, read_record
 from .._selinux import validate_type as validate_selinux_type
-from .._shm import check_unit_path
 from .._supervisor.liveness import DaemonState, inspect
 from .._supervisor.process import Daemon
 from .._supervisor.unit import UNIT_DIR, Systemctl, instance_unit, systemd_is_pid1
-from .._tmpfs import mounted_at
+from .._tmpfs import check_unit_path, mounted_at
 from .absent import Absent
 # The unit tests import it from here.
 from .absent import _rmdir_if_empty  # noqa: F401  pylint: disable=unused-import

@@ -40,13 +40,11 @@ from .._observe.scan import scan_config, scan_resources
 from .._outcome import Change, Outcome
 from .._resource.layout import validate_root
 from .._resource.lock import HostLock
-from .._shm import ShmManager
 from .._supervisor.liveness import inspect
 from .._supervisor.logrotate import render_logrotate
 from .._supervisor.unit import UNIT_DIR, Systemctl, systemd_is_pid1
 from .._tmpfs import size_kib
 from .around import READY_FILE, Around
-from .execute import execute
 from .facts import facts_text, local_facts
 from .plan import ResourcePlan, plan_resources
 from .result import planned_resource, resource_result
@@ -176,6 +174,8 @@ class HostManager:
                     remove(os.path.join(self.root, READY_FILE))
                 raise
             if not self.check_mode and out.changed:
+                # Imported here: a run that changes nothing never compiles it (AnsiballZ compiles what is imported).
+                from .execute import execute  # pylint: disable=import-outside-toplevel
                 execute(out, listed, self.around.ready_path)
             self._results(listed, out)
         out.ui_processes = sum(res.setup.daemon.client.processes for res in listed + removed)
@@ -294,6 +294,8 @@ class HostManager:
         absent = p['state'] == 'absent'
         if not (p['shm'] or absent):
             return
+        # Imported here: only hosts with shm, and teardowns, need it.
+        from .._shm import ShmManager  # pylint: disable=import-outside-toplevel
         manager = ShmManager.for_host(self.root, 'absent' if absent else 'mounted', p['shm_persist'], '/etc/fstab', self.unit_dir,
                                       self.check_mode, p['selinux_type'], param='shm_persist')
         persisted = manager._persisted()

@@ -29,8 +29,6 @@ from .._resource.store import start_environment
 from .model import Limits
 
 
-
-
 def start_env_text(commands: t.Sequence[str]) -> str:
     env = start_environment(commands)
     if not env:

@@ -232,7 +232,7 @@ def test_a_run_killed_at_any_change_never_leaves_the_ready_mark_over_a_down_reso
             real_execute(out, listed, ready_path)
             raise KeyboardInterrupt('killed before change %d' % kill_at)
         with monkeypatch.context() as patch:
-            patch.setattr('ansible_collections.gpufleet.mps.plugins.module_utils._host.manager.execute', dying)
+            patch.setattr('ansible_collections.gpufleet.mps.plugins.module_utils._host.execute.execute', dying)
             with pytest.raises(KeyboardInterrupt):
                 host.run(second)
         down = [name for name in ('train', 'tune', 'infer') if os.path.isdir(resource_paths(host.root, name).resource_dir)
