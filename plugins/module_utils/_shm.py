@@ -25,7 +25,7 @@ from ._outcome import Outcome
 from ._resource.record import read_record
 from ._resource.lock import RootLock
 from ._proc import daemon_dev_shm
-from ._resource.layout import SHM_DIR, resource_paths, systemd_instance, validate_root
+from ._resource.layout import SHM_DIR, resource_paths, validate_root
 from ._observe.scan import scan_resources
 from ._selinux import enabled as selinux_enabled, plan_type, set_type as set_selinux_type, validate_type as validate_selinux_type
 from ._supervisor.unit import Systemctl, systemd_is_pid1
