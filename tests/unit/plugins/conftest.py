@@ -62,7 +62,8 @@ def simhost(nvml_lib, gpu_host, monkeypatch):
     monkeypatch.setenv('FAKE_NVML_CONFIG', str(host / 'nvml.ini'))
     monkeypatch.setenv('LD_LIBRARY_PATH', str(host / 'lib'))
     yield base
-    for pidfile in base.glob('root/*/pipe/nvidia-cuda-mps-control.pid'):
+    # Nested resource names (nvidia.com/gpu) have their pipe directory one level deeper.
+    for pidfile in list(base.glob('root/*/pipe/nvidia-cuda-mps-control.pid')) + list(base.glob('root/*/*/pipe/nvidia-cuda-mps-control.pid')):
         try:
             os.kill(int(pidfile.read_text()), signal.SIGKILL)
         except (OSError, ValueError):
