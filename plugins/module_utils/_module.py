@@ -11,7 +11,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ._errors import MpsError
 from ._outcome import Outcome
-from ._resource.layout import DEFAULT_CONFIG_DIR, DEFAULT_ROOT
+from ._options import spec
 from ._supervisor.process import require_binary
 
 CONTROL_BINARY = 'nvidia-cuda-mps-control'
@@ -19,11 +19,7 @@ CONTROL_BINARY = 'nvidia-cuda-mps-control'
 
 def common_argument_spec() -> t.Dict[str, t.Any]:
     """``root``, ``config_dir`` and ``control_binary``, with their defaults from the layout (doc fragment ``_common``)."""
-    return dict(
-        root=dict(type='path', default=DEFAULT_ROOT),
-        config_dir=dict(type='path', default=DEFAULT_CONFIG_DIR),
-        control_binary=dict(type='path'),
-    )
+    return spec('root', 'config_dir', 'control_binary')
 
 
 def control_binary(path: t.Optional[str]) -> str:

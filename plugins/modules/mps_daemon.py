@@ -357,35 +357,20 @@ actions:
   sample: ['set compute mode EXCLUSIVE_PROCESS on GPU 0 (GPU-6a2b5c1e-5f0e-4e9b-9a55-1c7f2a1b0c01)', 'start the MPS control daemon']
 '''
 
-from ansible_collections.gpufleet.mps.plugins.module_utils._daemon.manager import BUSY_CHOICES, DEFAULT_BUSY_TIMEOUT, DaemonSetup
+from ansible_collections.gpufleet.mps.plugins.module_utils._daemon.manager import DaemonSetup
 from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import ENUMERATION_WARNING, Nvml
-from ansible_collections.gpufleet.mps.plugins.module_utils._module import common_argument_spec, control_binary, finish, run_module
-from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import DEFAULT_CONTAINER_ROOT, DEFAULT_LOG_MODE
-from ansible_collections.gpufleet.mps.plugins.module_utils._selinux import CONTAINER_TYPE
+from ansible_collections.gpufleet.mps.plugins.module_utils._module import control_binary, finish, run_module
+from ansible_collections.gpufleet.mps.plugins.module_utils._options import spec
 
 
 def argument_spec():
-    spec = common_argument_spec()
-    spec.update(
+    return spec(
+        'root', 'config_dir', 'control_binary', 'remove_logs', 'busy', 'busy_timeout', 'devices', 'compute_mode', 'multiuser',
+        'supervisor', 'start_timeout', 'stop_timeout', 'log_mode', 'shm', 'foreground', 'container_root', 'selinux_type',
         name=dict(type='str', required=True),
         state=dict(type='str', choices=['started', 'stopped', 'restarted', 'absent'], default='started'),
-        remove_logs=dict(type='bool', default=False),
-        busy=dict(type='str', choices=list(BUSY_CHOICES), default='refuse'),
-        busy_timeout=dict(type='int', default=DEFAULT_BUSY_TIMEOUT),
-        devices=dict(type='raw', default='all'),
-        compute_mode=dict(type='str', choices=['exclusive_process', 'default', 'unchanged'], default='exclusive_process'),
-        multiuser=dict(type='bool', default=False),
-        supervisor=dict(type='str', choices=['auto', 'systemd', 'none'], default='auto'),
         enabled=dict(type='bool', default=True),
-        start_timeout=dict(type='int', default=30),
-        stop_timeout=dict(type='int', default=30),
-        log_mode=dict(type='raw', default=format(DEFAULT_LOG_MODE, '04o')),
-        shm=dict(type='bool', default=False),
-        foreground=dict(type='bool', default=False),
-        container_root=dict(type='path', default=DEFAULT_CONTAINER_ROOT),
-        selinux_type=dict(type='str', default=CONTAINER_TYPE),
     )
-    return spec
 
 
 def run(module):

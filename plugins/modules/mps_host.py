@@ -360,27 +360,26 @@ changes:
   sample: [{kind: stop, resource: tune, action: stop the MPS control daemon (pid 4242), reason: '', ends_clients: false}]
 '''
 
-from ansible_collections.gpufleet.mps.plugins.module_utils._daemon.manager import BUSY_CHOICES, COMPUTE_MODE_CHOICES, DEFAULT_BUSY_TIMEOUT
 import sys
 
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import MpsError, NvmlError
 from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import ENUMERATION_WARNING, Nvml
 from ansible_collections.gpufleet.mps.plugins.module_utils._host.manager import HostManager
-from ansible_collections.gpufleet.mps.plugins.module_utils._limits.manager import RUNNING_SERVERS_CHOICES
 from ansible_collections.gpufleet.mps.plugins.module_utils._module import control_binary, run_module
-from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import (
-    DEFAULT_CONFIG_DIR, DEFAULT_CONTAINER_ROOT, DEFAULT_LOG_MODE, DEFAULT_ROOT,
-)
-from ansible_collections.gpufleet.mps.plugins.module_utils._selinux import CONTAINER_TYPE
+from ansible_collections.gpufleet.mps.plugins.module_utils._options import spec
+
+# The options mps_daemon, mps_limits and the role share, declared once in _options.py.
+SHARED = ('root', 'config_dir', 'control_binary', 'compute_mode', 'supervisor', 'log_mode', 'shm', 'foreground', 'container_root',
+          'start_timeout', 'stop_timeout', 'busy', 'busy_timeout', 'running_servers', 'selinux_type', 'remove_logs')
 
 
 def argument_spec():
-    return dict(
+    return spec(
+        *SHARED,
         state=dict(type='str', choices=['present', 'absent'], default='present'),
-        resources=dict(type='list', elements='dict', default=[], options=dict(
+        resources=dict(type='list', elements='dict', default=[], options=spec(
+            'devices', 'multiuser',
             name=dict(type='str', required=True),
-            devices=dict(type='raw', default='all'),
-            multiuser=dict(type='bool', default=False),
             replicas=dict(type='raw'),
             active_thread_percentage=dict(type='raw'),
             pinned_device_mem_limit=dict(type='raw'),
@@ -388,24 +387,8 @@ def argument_spec():
         prune=dict(type='bool', default=True),
         ready=dict(type='bool', default=True),
         require_gpu=dict(type='bool', default=False),
-        root=dict(type='path', default=DEFAULT_ROOT),
-        config_dir=dict(type='path', default=DEFAULT_CONFIG_DIR),
-        control_binary=dict(type='path'),
-        compute_mode=dict(type='str', choices=list(COMPUTE_MODE_CHOICES), default='exclusive_process'),
-        supervisor=dict(type='str', choices=['auto', 'systemd', 'none'], default='auto'),
-        log_mode=dict(type='raw', default=format(DEFAULT_LOG_MODE, '04o')),
-        shm=dict(type='bool', default=False),
-        foreground=dict(type='bool', default=False),
         shm_size=dict(type='str', default='50%'),
         shm_persist=dict(type='str', choices=['auto', 'systemd', 'fstab', 'none'], default='auto'),
-        container_root=dict(type='path', default=DEFAULT_CONTAINER_ROOT),
-        start_timeout=dict(type='int', default=30),
-        stop_timeout=dict(type='int', default=30),
-        busy=dict(type='str', choices=list(BUSY_CHOICES), default='refuse'),
-        busy_timeout=dict(type='int', default=DEFAULT_BUSY_TIMEOUT),
-        running_servers=dict(type='str', choices=list(RUNNING_SERVERS_CHOICES), default='ignore'),
-        selinux_type=dict(type='str', default=CONTAINER_TYPE),
-        remove_logs=dict(type='bool', default=False),
         health_check=dict(type='bool', default=True),
         health_interval=dict(type='int', default=30),
         health_timeout=dict(type='int', default=10),

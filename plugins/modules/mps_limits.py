@@ -214,25 +214,24 @@ actions:
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import InvalidParameterError
 from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import ENUMERATION_WARNING, Nvml
 from ansible_collections.gpufleet.mps.plugins.module_utils._limits.manager import LimitsManager
-from ansible_collections.gpufleet.mps.plugins.module_utils._module import common_argument_spec, control_binary, finish, run_module
+from ansible_collections.gpufleet.mps.plugins.module_utils._module import control_binary, finish, run_module
+from ansible_collections.gpufleet.mps.plugins.module_utils._options import spec
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import config_paths, resource_paths
 from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.liveness import inspect
 from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.process import Daemon
 
 
 def argument_spec():
-    spec = common_argument_spec()
-    spec.update(
+    return spec(
+        'root', 'config_dir', 'control_binary', 'running_servers',
         name=dict(type='str', required=True),
         active_thread_percentage=dict(type='float'),
         pinned_device_mem_limit=dict(type='raw'),
         replicas=dict(type='int'),
-        running_servers=dict(type='str', choices=['ignore', 'update'], default='ignore'),
         persist=dict(type='bool', default=True),
         create=dict(type='bool', default=False),
         timeout=dict(type='int', default=30),
     )
-    return spec
 
 
 def run(module):

@@ -159,21 +159,20 @@ import os
 
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import UnsafePathError
 from ansible_collections.gpufleet.mps.plugins.module_utils._io import refuse_unsafe_dirs
-from ansible_collections.gpufleet.mps.plugins.module_utils._module import common_argument_spec, finish, run_module
-from ansible_collections.gpufleet.mps.plugins.module_utils._selinux import CONTAINER_TYPE
+from ansible_collections.gpufleet.mps.plugins.module_utils._module import finish, run_module
+from ansible_collections.gpufleet.mps.plugins.module_utils._options import spec
 from ansible_collections.gpufleet.mps.plugins.module_utils._shm import ShmManager
 from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.unit import UNIT_DIR
 from ansible_collections.gpufleet.mps.plugins.module_utils._tmpfs import mount_options, size_kib
 
 
 def argument_spec():
-    return dict(
-        root=common_argument_spec()['root'],
+    return spec(
+        'root', 'selinux_type',
         state=dict(type='str', choices=['mounted', 'absent'], default='mounted'),
         size=dict(type='str', default='50%'),
         persist=dict(type='str', choices=['auto', 'systemd', 'fstab', 'none'], default='auto'),
         fstab=dict(type='path', default='/etc/fstab'),
-        selinux_type=dict(type='str', default=CONTAINER_TYPE),
     )
 
 

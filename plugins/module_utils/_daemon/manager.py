@@ -14,6 +14,7 @@ import shutil
 import typing as t
 from dataclasses import dataclass
 
+from .._options import BUSY_CHOICES, COMPUTE_MODE_CHOICES, DEFAULT_BUSY_TIMEOUT
 from .._errors import InvalidParameterError, MpsError
 from .._gpus import Gpu, Nvml, all_devices
 from .._outcome import Outcome
@@ -36,10 +37,6 @@ from .devices import DeviceChoice
 from .differences import Differences
 from .model import DaemonOutcome, HostContext, Wanted
 from .systemd import SystemdUnit
-
-COMPUTE_MODE_CHOICES = ('exclusive_process', 'default', 'unchanged')
-BUSY_CHOICES = ('refuse', 'wait', 'terminate')
-DEFAULT_BUSY_TIMEOUT = 600
 
 
 class ResourceManager(DeviceChoice, DaemonActions, SystemdUnit, BusyClients, Differences, Absent):

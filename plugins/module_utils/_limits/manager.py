@@ -13,6 +13,7 @@ from __future__ import annotations
 import typing as t
 from dataclasses import dataclass, field
 
+from .._options import RUNNING_SERVERS_CHOICES
 from .._errors import DeviceSelectionError, InvalidParameterError, MpsError
 from .._outcome import Outcome
 from .._protocol.commands import check_applied, set_default_mem, set_default_percentage, set_server_mem, set_server_percentage
@@ -41,7 +42,6 @@ from .._resource.layout import ConfigPaths, ResourcePaths, managed_dirs
 from .._selectors import resolve_devices
 from .._supervisor.unit import parse_env
 
-RUNNING_SERVERS_CHOICES = ('ignore', 'update')
 # Said of a recorded MIG device that NVML no longer reports.
 MIG_GONE = (': the MIG instance was destroyed (and perhaps created again, with a new UUID - nvidia-smi -L lists the current '
             'ones); start the resource on its new MIG device first (gpufleet.mps.mps_daemon, or mps_host and the fleet role, '

@@ -1,0 +1,54 @@
+# Copyright: gpufleet.mps contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Every option that more than one module takes, declared once: its type, default and choices.
+
+The modules build their argument specs from here (:func:`spec`); their DOCUMENTATION must agree (ansible-test's
+validate-modules compares each with its spec), and the fleet role's ``meta/argument_specs.yml`` must too (a unit test,
+``tests/unit/plugins/module_utils/test_options.py``, holds every ``mps_<option>`` the role passes to ``mps_host``
+against this table). Choices live here, and the code that acts on them imports them from here.
+"""
+
+from __future__ import annotations
+
+import typing as t
+
+from ._resource.layout import DEFAULT_CONFIG_DIR, DEFAULT_CONTAINER_ROOT, DEFAULT_LOG_MODE, DEFAULT_ROOT
+from ._selinux import CONTAINER_TYPE
+
+COMPUTE_MODE_CHOICES = ('exclusive_process', 'default', 'unchanged')
+BUSY_CHOICES = ('refuse', 'wait', 'terminate')
+DEFAULT_BUSY_TIMEOUT = 600
+RUNNING_SERVERS_CHOICES = ('ignore', 'update')
+SUPERVISOR_CHOICES = ('auto', 'systemd', 'none')
+
+OPTIONS: t.Dict[str, t.Dict[str, t.Any]] = {
+    'root': dict(type='path', default=DEFAULT_ROOT),
+    'config_dir': dict(type='path', default=DEFAULT_CONFIG_DIR),
+    'control_binary': dict(type='path'),
+    'compute_mode': dict(type='str', choices=list(COMPUTE_MODE_CHOICES), default='exclusive_process'),
+    'supervisor': dict(type='str', choices=list(SUPERVISOR_CHOICES), default='auto'),
+    'start_timeout': dict(type='int', default=30),
+    'stop_timeout': dict(type='int', default=30),
+    'busy': dict(type='str', choices=list(BUSY_CHOICES), default='refuse'),
+    'busy_timeout': dict(type='int', default=DEFAULT_BUSY_TIMEOUT),
+    'running_servers': dict(type='str', choices=list(RUNNING_SERVERS_CHOICES), default='ignore'),
+    'log_mode': dict(type='raw', default=format(DEFAULT_LOG_MODE, '04o')),
+    'shm': dict(type='bool', default=False),
+    'foreground': dict(type='bool', default=False),
+    'container_root': dict(type='path', default=DEFAULT_CONTAINER_ROOT),
+    'selinux_type': dict(type='str', default=CONTAINER_TYPE),
+    'remove_logs': dict(type='bool', default=False),
+    'devices': dict(type='raw', default='all'),
+    'multiuser': dict(type='bool', default=False),
+}
+
+
+def spec(*names: str, **own: t.Dict[str, t.Any]) -> t.Dict[str, t.Dict[str, t.Any]]:
+    """An argument spec: the shared options ``names`` (copies), then the module's own ``own``."""
+    result = {name: dict(OPTIONS[name], **({'choices': list(OPTIONS[name]['choices'])} if 'choices' in OPTIONS[name] else {}))
+              for name in names}
+    for name, value in own.items():
+        if name in OPTIONS:
+            raise ValueError('%s is a shared option: name it, do not declare it again' % name)
+        result[name] = value
+    return result
