@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import signal
 import subprocess
@@ -69,3 +70,27 @@ def simhost(nvml_lib, gpu_host, monkeypatch):
         except (OSError, ValueError):
             pass
     shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def sim_clients(simhost):
+    """Start CUDA client stand-ins (mps-sim-client) on a pipe directory of the simulated host; each is ended after the test.
+
+    ``start(pipe_dir)`` returns the running client and the JSON line it printed once connected.
+    """
+    started = []
+
+    def start(pipe_dir):
+        proc = subprocess.Popen([str(simhost / 'host' / 'bin' / 'mps-sim-client')],  # pylint: disable=consider-using-with
+                                env=dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=pipe_dir),
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        started.append(proc)
+        reply = json.loads(proc.stdout.readline())
+        assert reply['ok'], reply
+        return proc, reply
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.stdin.close()
+            proc.wait(10)

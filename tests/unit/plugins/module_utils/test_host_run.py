@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -31,11 +30,11 @@ def _defaults():
 class Host:
     """mps_host's manager on the simhost fixture: one run is one NVML session, as in the module."""
 
-    def __init__(self, base):
+    def __init__(self, base, clients):
         self.base = base
+        self._clients = clients
         self.root = str(base / 'root')
         self.binary = str(base / 'host' / 'bin' / 'nvidia-cuda-mps-control')
-        self.clients = []
         self.params = dict(_defaults(), root=self.root, config_dir=str(base / 'etc'), control_binary=self.binary,
                            supervisor='none', local_facts_dir=str(base / 'facts.d'), logrotate_dir=str(base / 'logrotate.d'),
                            start_timeout=10, stop_timeout=5)
@@ -58,22 +57,13 @@ class Host:
         return os.path.exists(os.path.join(self.root, '.ready'))
 
     def client(self, name):
-        env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=resource_paths(self.root, name).pipe_dir)
-        proc = subprocess.Popen([str(self.base / 'host' / 'bin' / 'mps-sim-client')], env=env,  # pylint: disable=consider-using-with
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.clients.append(proc)
-        reply = json.loads(proc.stdout.readline())
-        assert reply['ok'], reply
-        return proc
+        return self._clients(resource_paths(self.root, name).pipe_dir)[0]
 
     def leave(self, proc):
         proc.stdin.close()
         proc.wait(10)
 
     def close(self):
-        for proc in self.clients:
-            if proc.poll() is None:
-                self.leave(proc)
         for pid in _daemon_pids(self.root):
             _kill(pid)
 
@@ -103,9 +93,9 @@ def _kill(pid):
 
 
 @pytest.fixture
-def host(simhost):
+def host(simhost, sim_clients):
     os.chmod(simhost, 0o755)  # mkdtemp's 0700 would warn about every daemon
-    made = Host(simhost)
+    made = Host(simhost, sim_clients)
     yield made
     made.close()
 

@@ -184,12 +184,12 @@ def test_the_enumeration_variable_is_noticed(gpu_host, monkeypatch):
 class Host:
     """Daemons and clients on the simhost fixture, each started and stopped by pid."""
 
-    def __init__(self, base):
+    def __init__(self, base, clients):
         self.base = base
+        self._clients = clients
         self.root = str(base / 'root')
         self.etc = str(base / 'etc')
         self.binary = str(base / 'host' / 'bin' / 'nvidia-cuda-mps-control')
-        self.clients = []
 
     def switches(self, **values):
         text = ''.join('export %s=%s\n' % item for item in values.items())
@@ -212,18 +212,7 @@ class Host:
         return pid
 
     def client(self, name):
-        env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=resource_paths(self.root, name).pipe_dir)
-        proc = subprocess.Popen([str(self.base / 'host' / 'bin' / 'mps-sim-client')], env=env,  # pylint: disable=consider-using-with
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.clients.append(proc)
-        reply = json.loads(proc.stdout.readline())
-        assert reply['ok'], reply
-        return reply
-
-    def close(self):
-        for proc in self.clients:
-            proc.stdin.close()
-            proc.wait(10)
+        return self._clients(resource_paths(self.root, name).pipe_dir)[1]
 
     def collect(self, name=None, gather=('gpus', 'daemons', 'servers'), timeout=10):
         request = _info.InfoRequest.validate(self.root, self.etc, name, list(gather), self.binary, timeout)
@@ -236,11 +225,9 @@ class Host:
 
 
 @pytest.fixture
-def host(simhost):
+def host(simhost, sim_clients):
     os.chmod(simhost, 0o755)  # mkdtemp's 0700 would warn about every daemon
-    made = Host(simhost)
-    yield made
-    made.close()
+    return Host(simhost, sim_clients)
 
 
 def uuids(count):
