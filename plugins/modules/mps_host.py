@@ -185,6 +185,17 @@ options:
     description: Seconds O(busy=wait) waits.
     type: int
     default: 600
+  orphans:
+    description:
+      - An orphaned daemon is an MPS control daemon of O(root) that its pipe directory no longer leads to - the directory
+        deleted under the running daemon (a C(/run) cleaner, a hand-made C(rm -rf)), or a second daemon started there.
+        C(quit) cannot reach it and it still serves its GPUs; a second daemon on them would break both.
+      - V(refuse) fails a run that would start a daemon on its GPUs, naming its pid. V(stop) ends every orphan of the
+        root first (SIGTERM, SIGKILL after O(stop_timeout)) - one with MPS servers only with O(busy=terminate), since
+        their clients cannot be listed - then provisions as asked.
+    type: str
+    choices: [refuse, stop]
+    default: refuse
   running_servers:
     description:
       - MPS servers already running keep the limits they started with, and the clients that connect to them later get
@@ -385,6 +396,7 @@ def argument_spec():
             pinned_device_mem_limit=dict(type='raw'),
         )),
         prune=dict(type='bool', default=True),
+        orphans=dict(type='str', choices=['refuse', 'stop'], default='refuse'),
         ready=dict(type='bool', default=True),
         require_gpu=dict(type='bool', default=False),
         shm_size=dict(type='str', default='50%'),

@@ -37,6 +37,8 @@ class DeviceChoice:
             known, unreadable = foreign_daemons(self.paths.pipe_dir, self.nvml.gpus(), self._own_pid, outside=self.paths.root)
             claims: t.Dict[str, ForeignDaemon] = {}
             for daemon in known:
+                if daemon.pid in self.host.ending_pids:
+                    continue
                 for uuid in daemon.uuids:
                     claims.setdefault(uuid, daemon)
             self._foreign = (claims, unreadable)

@@ -45,6 +45,8 @@ class HostContext:
     restart_for: str = ''
     restart_onto: t.Sequence[Gpu] = ()
     restart_reason: str = ''
+    # Orphaned daemons of the root the same plan ends first (orphans=stop): their GPUs are not taken.
+    ending_pids: t.FrozenSet[int] = frozenset()
     # The same plan mounts <root>/shm (and persists it) before any daemon starts: not mounted yet is no refusal.
     shm_planned: bool = False
     # The limits the same plan persists before the start, and the device order it writes their commands file in.

@@ -36,11 +36,13 @@ from .._errors import DaemonTimeoutError, InvalidParameterError, MpsError
 from .._gpus import Gpu, Nvml
 from .._io import ensure_dir, refuse_unsafe_dirs, remove
 from .._limits.manager import LimitsManager
-from .._observe.scan import scan_config, scan_resources
+from .._observe.scan import foreign_daemons, scan_config, scan_resources
 from .._outcome import Change, Outcome
 from .._resource.layout import validate_root
 from .._resource.lock import HostLock
+from .._proc import child_pids
 from .._supervisor.liveness import inspect
+from .._supervisor.process import end_orphan
 from .._supervisor.logrotate import render_logrotate
 from .._supervisor.unit import UNIT_DIR, Systemctl, systemd_is_pid1
 from .._tmpfs import size_kib
@@ -188,26 +190,29 @@ class HostManager:
         absent = p['state'] == 'absent'
         ignore = frozenset(res.name for res in listed + removed)
         would_remove: t.List[str] = []
+        orphans = self._orphans() if p['orphans'] == 'stop' else []
+        ending = frozenset(daemon.pid for daemon in orphans)
         # Whether each listed resource restarts: its limits and daemon planned against the host as it is.
         for res in listed:
             res.limits = self._limits(res, assume_stopped=False)
             res.daemon = self._daemon(res, 'restarted' if res.limits.restart_needed else 'started',
-                                      HostContext(ignore, would_remove, restart_reason=res.limits.restart_needed,
+                                      HostContext(ignore, would_remove, ending_pids=ending, restart_reason=res.limits.restart_needed,
                                                   shm_planned=p['shm'], **self._planned_limits(res)))
             res.restart = res.daemon.restarting
         kept = frozenset(gpu.uuid for res in listed for gpu in res.plan.devices) if p['compute_mode'] != 'unchanged' else frozenset()
         body = HostOutcome()
+        self._end_orphans(body, orphans)
         if not absent:
             self._shm(body)
         for res in removed:
-            res.daemon = self._daemon(res, 'absent', HostContext(ignore, would_remove, keep_modes=kept))
+            res.daemon = self._daemon(res, 'absent', HostContext(ignore, would_remove, ending_pids=ending, keep_modes=kept))
             body.take(res.name, res.daemon)
             body.removed.append(res.name)
         if absent:
             self._shm(body)
         for res in listed:
             if res.restart:
-                res.stop = self._daemon(res, 'stopped', HostContext(ignore, would_remove, keep_modes=kept,
+                res.stop = self._daemon(res, 'stopped', HostContext(ignore, would_remove, ending_pids=ending, keep_modes=kept,
                                                                     restart_for=res.daemon.restart_why,
                                                                     restart_onto=res.plan.devices))
                 body.take(res.name, res.stop)
@@ -215,7 +220,7 @@ class HostManager:
             if res.restart:
                 res.first_limits = res.limits
                 res.limits = self._limits(res, assume_stopped=True)
-                res.daemon = self._daemon(res, 'started', HostContext(ignore, would_remove, assume_stopped=True, shm_planned=p['shm'],
+                res.daemon = self._daemon(res, 'started', HostContext(ignore, would_remove, ending_pids=ending, assume_stopped=True, shm_planned=p['shm'],
                                                                       **self._planned_limits(res)))
             body.take(res.name, res.limits)
             body.take(res.name, res.daemon)
@@ -255,6 +260,27 @@ class HostManager:
         out.actions = ['%s: %s' % (change.resource, change.text) for change in out.changes]
         out.changed = bool(out.changes)
         return out
+
+    # --- orphans -----------------------------------------------------------------------------------
+    def _orphans(self) -> t.List[t.Any]:
+        """The root's control daemons that no pipe directory leads to any more (one /proc scan; orphans=stop only)."""
+        return [daemon for daemon in foreign_daemons(None, self.nvml.gpus(), outside=self.root)[0] if daemon.orphan]
+
+    def _end_orphans(self, out: HostOutcome, orphans: t.Sequence[t.Any]) -> None:
+        """orphans=stop: end each one first (TERM, then KILL), so that the resources can take its GPUs."""
+        p = self.params
+        for daemon in orphans:
+            servers = child_pids(daemon.pid)
+            if servers and p['busy'] != 'terminate':
+                raise MpsError('orphans=stop: the orphaned MPS control daemon pid %d still has MPS server(s) %s, whose clients '
+                               'cannot be listed (quit cannot reach it); ending it ends them: set busy=terminate to go on, '
+                               'or end it yourself (kill %d); nothing was done' % (
+                                   daemon.pid, ', '.join(str(pid) for pid in servers), daemon.pid), pid=daemon.pid)
+            resource = os.path.relpath(os.path.dirname(daemon.pipe_dir), self.root)
+            out.act('end the orphaned MPS control daemon (pid %d)' % daemon.pid,
+                    lambda pid=daemon.pid: end_orphan(pid, p['stop_timeout']),
+                    'its pipe directory %s no longer leads to it (orphans=stop)' % daemon.pipe_dir, kind='stop',
+                    ends_clients=bool(servers)).resource = resource
 
     # --- one resource ------------------------------------------------------------------------------
     @staticmethod

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import time
@@ -266,6 +267,23 @@ class Daemon:
                 os.unlink(path)
                 removed.append(name)
         return removed
+
+
+def end_orphan(pid: int, timeout: float) -> None:
+    """End a control daemon that no pipe directory leads to (quit cannot reach it): TERM, then KILL after ``timeout``."""
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while pid_alive(pid) and is_zombie(pid) is False:
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        else:
+            return
+    raise DaemonTimeoutError('the orphaned MPS control daemon pid %d did not exit after SIGKILL' % pid, pid=pid)
 
 
 def require_binary(path: t.Optional[str], param: str = 'control_binary') -> str:

@@ -344,3 +344,28 @@ def test_two_runs_with_different_requests_both_apply_one_after_the_other(host):
     assert errors == [] and results['first'].changed and results['second'].changed
     last = host.run(first, check=True).changes == [] and 'first' or host.run(second, check=True).changes == [] and 'second'
     assert last in ('first', 'second') and host.ready
+
+
+def test_orphans_stop_ends_the_orphan_first_then_provisions(host):
+    """The explicit option: the orphan is ended as the plan's own change, and the resource starts on its GPU."""
+    host.run([{'name': 'train', 'devices': [0]}])
+    orphan = inspect(resource_paths(host.root, 'train')).pid
+    shutil.rmtree(host.root)
+    planned = host.run([{'name': 'train', 'devices': [0]}], check=True, orphans='stop')
+    assert planned.changes[0].action == 'end the orphaned MPS control daemon (pid %d)' % orphan
+    assert planned.changes[0].resource == 'train' and planned.changes[0].kind == 'stop'
+    out = host.run([{'name': 'train', 'devices': [0]}], orphans='stop')
+    assert [change.as_dict() for change in out.executed] == _listed(planned)
+    assert out.ready and _daemon_pids(host.root) == [inspect(resource_paths(host.root, 'train')).pid] != [orphan]
+
+
+def test_orphans_stop_refuses_an_orphan_with_servers_unless_busy_terminate(host):
+    host.run([{'name': 'train', 'devices': [0]}])
+    host.leave(host.client('train'))  # an idle MPS server stays, a child of the daemon
+    orphan = inspect(resource_paths(host.root, 'train')).pid
+    shutil.rmtree(host.root)
+    with pytest.raises(MpsError, match=r'^orphans=stop: the orphaned MPS control daemon pid %d still has MPS server' % orphan):
+        host.run([{'name': 'train', 'devices': [0]}], orphans='stop')
+    assert _daemon_pids(host.root) == [orphan]
+    out = host.run([{'name': 'train', 'devices': [0]}], orphans='stop', busy='terminate')
+    assert out.ready and out.executed[0].ends_clients
