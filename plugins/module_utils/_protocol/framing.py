@@ -38,8 +38,10 @@ PERCENT_LINE = re.compile(r'\d+\.\d+')
 # always starts with a header line that is not a percentage, so an empty error reply cannot be
 # mistaken for the sentinel's percentage.
 FENCE = 'ps'
-# The first line of the fence's reply (NVIDIA's documented ps header).
+# The first words of the fence's reply: NVIDIA's documented ps header. The real r580 daemon pads its columns
+# (``PID       ID        SERVER         DEVICE ...``, ../gpu-evidence probe.txt), so words are compared, not text.
 FENCE_HEADER = 'PID ID SERVER'
+_FENCE_WORDS = FENCE_HEADER.split()
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,10 @@ def _is_percent(cmd: str) -> bool:
 def _may_fail_percent(cmd: str) -> bool:
     """A percentage query naming a server pid: the pid may not be a server (any more)."""
     return _is_percent(cmd) and len(cmd.split()) > 1
+
+
+def _is_fence_header(line: str) -> bool:
+    return line.split()[:len(_FENCE_WORDS)] == _FENCE_WORDS
 
 
 def _is_percent_line(line: str) -> bool:
@@ -117,7 +123,7 @@ def split_replies(commands: t.Sequence[str], lines: t.Sequence[str]) -> t.List[R
                                      stdout='\n'.join(lines))
         text = lines[pos:end]
         if value is None and _may_fail_percent(cmd):
-            header = next((n for n, line in enumerate(text) if line.startswith(FENCE_HEADER)), len(text))
+            header = next((n for n, line in enumerate(text) if _is_fence_header(line)), len(text))
             text = text[:header]
         replies.append(Reply(cmd, value if value is not None else tuple(text)))
         pos = end + 1

@@ -71,6 +71,18 @@ def test_batch_sends_one_process_with_delimiters_and_splits_replies(tmp_path):
     assert _commands.parse_pids(replies[3]) == [101, 202]
 
 
+@pytest.mark.parametrize('header', [
+    'PID ID SERVER DEVICE NAMESPACE COMMAND',
+    # The real r580 daemon pads its ps columns (gpu-evidence 2026-12-04/probe.txt).
+    'PID       ID        SERVER         DEVICE                    NAMESPACE      COMMAND        ',
+])
+def test_a_failed_server_query_ends_before_the_fence_header_however_it_is_padded(tmp_path, header):
+    row = '41        0         7              GPU-0a1b2c3d-0000-1111    4026531836     python train.py'
+    ui = fake_ui(tmp_path, stdout='Server with PID 31 not found\n%s\n%s\n100.0\n101\n' % (header, row))
+    replies = _control.ControlClient(ui, '/run/x/pipe', timeout=5).batch(['get_active_thread_percentage 31', 'get_server_list'])
+    assert [r.lines for r in replies] == [('Server with PID 31 not found',), ('101',)]
+
+
 def test_batch_passes_the_pipe_dir_and_never_nvml_mps_device_enumeration(tmp_path):
     ui = fake_ui(tmp_path, stdout='100.0\n')
     client = _control.ControlClient(ui, '/run/x/pipe', timeout=5, log_dir='/run/x/log',
