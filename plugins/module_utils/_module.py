@@ -4,10 +4,12 @@
 
 from __future__ import annotations
 
+import copy
 import shutil
 import typing as t
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
 from ._errors import MpsError
 from ._outcome import Outcome
@@ -37,9 +39,55 @@ def finish(module: AnsibleModule, outcome: Outcome, **values: t.Any) -> t.Dict[s
     return result
 
 
+def entry_error(argument_spec: t.Mapping[str, t.Any], params: t.Mapping[str, t.Any]) -> t.Optional[t.Tuple[str, str]]:
+    """The first error in an entry of a list of mappings, as (``resources[train].multiuser``, message), or None.
+
+    AnsibleModule says only "found in 'resources'"; a list of twenty resources deserves the entry's name (its index when
+    it has none) and the key, the way the plan's own errors name them.
+    """
+    for option, option_spec in argument_spec.items():
+        sub = option_spec.get('options')
+        entries = params.get(option)
+        if not sub or option_spec.get('type') != 'list' or option_spec.get('elements') != 'dict' or not isinstance(entries, list):
+            continue
+        for number, entry in enumerate(entries):
+            if not isinstance(entry, dict):
+                continue  # AnsibleModule's own message says that an entry is not a mapping
+            name = entry.get('name')
+            label = '%s[%s]' % (option, name if isinstance(name, str) and name else number)
+            unknown = sorted(str(key) for key in entry if key not in sub)
+            if unknown:
+                return label, 'unknown key(s) %s; the keys are %s' % (', '.join(unknown), ', '.join(sub))
+            for key, key_spec in sub.items():
+                result = ArgumentSpecValidator({key: key_spec}).validate({key: entry[key]} if key in entry else {})
+                if result.error_messages:
+                    return '%s.%s' % (label, key), result.error_messages[0]
+    return None
+
+
+class _Module(AnsibleModule):
+    """AnsibleModule whose argument errors about one entry of a list of mappings name that entry (:func:`entry_error`)."""
+
+    _raw_params: t.Optional[t.Dict[str, t.Any]] = None
+    _validated = False
+
+    def _load_params(self) -> None:
+        super()._load_params()
+        self._raw_params = copy.deepcopy(self.params)  # validation converts self.params in place before it fails
+
+    def fail_json(self, msg: str, **kwargs: t.Any) -> t.NoReturn:  # type: ignore[override]
+        if not self._validated and self._raw_params is not None and ('found in' in msg or msg.startswith('Unsupported parameters')):
+            found = entry_error(self.argument_spec, self._raw_params)
+            if found is not None:
+                kwargs.setdefault('param', found[0])
+                msg = '%s: %s' % found
+        super().fail_json(msg, **kwargs)
+
+
 def run_module(argument_spec: t.Dict[str, t.Any], run: t.Callable[[AnsibleModule], t.Dict[str, t.Any]]) -> None:
     """Build the module (check mode supported), call ``run(module)``, exit with its result or the domain error."""
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
+    module = _Module(argument_spec=argument_spec, supports_check_mode=True)
+    module._validated = True
     try:
         result = run(module)
     except MpsError as exc:
