@@ -40,6 +40,10 @@ OPTIONS: t.Dict[str, t.Dict[str, t.Any]] = {
     'remove_logs': dict(type='bool', default=False),
     'devices': dict(type='raw', default='all'),
     'multiuser': dict(type='bool', default=False),
+    # raw, parsed by _limits.model with its own messages: "50" from a template is 50, and "20 GB" is refused naming the
+    # forms, the same in mps_limits and in mps_host's resources.
+    'active_thread_percentage': dict(type='raw'),
+    'pinned_device_mem_limit': dict(type='raw'),
 }
 
 

@@ -389,11 +389,9 @@ def argument_spec():
         *SHARED,
         state=dict(type='str', choices=['present', 'absent'], default='present'),
         resources=dict(type='list', elements='dict', default=[], options=spec(
-            'devices', 'multiuser',
+            'devices', 'multiuser', 'active_thread_percentage', 'pinned_device_mem_limit',
             name=dict(type='str', required=True),
             replicas=dict(type='raw'),
-            active_thread_percentage=dict(type='raw'),
-            pinned_device_mem_limit=dict(type='raw'),
         )),
         prune=dict(type='bool', default=True),
         orphans=dict(type='str', choices=['refuse', 'stop'], default='refuse'),

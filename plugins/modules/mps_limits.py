@@ -42,9 +42,10 @@ attributes:
 options:
   active_thread_percentage:
     description:
-      - Default active thread percentage for the daemon's servers, greater than 0 and at most 100.
+      - Default active thread percentage for the daemon's servers, a number greater than 0 and at most 100 (V(25),
+        V(12.5), or the same as a string, as a template renders it). Anything else is refused naming the parameter.
       - Overrides the value computed from O(replicas).
-    type: float
+    type: raw
   pinned_device_mem_limit:
     description:
       - Default pinned device memory limit - one size for every GPU of the daemon, or a mapping from host GPU index or
@@ -223,10 +224,8 @@ from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.process i
 
 def argument_spec():
     return spec(
-        'root', 'config_dir', 'control_binary', 'running_servers',
+        'root', 'config_dir', 'control_binary', 'running_servers', 'active_thread_percentage', 'pinned_device_mem_limit',
         name=dict(type='str', required=True),
-        active_thread_percentage=dict(type='float'),
-        pinned_device_mem_limit=dict(type='raw'),
         replicas=dict(type='int'),
         persist=dict(type='bool', default=True),
         create=dict(type='bool', default=False),
