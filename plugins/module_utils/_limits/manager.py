@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 from .._options import RUNNING_SERVERS_CHOICES
 from .._errors import DeviceSelectionError, InvalidParameterError, MpsError
 from .._outcome import Outcome
-from .._protocol.commands import check_applied, set_default_mem, set_default_percentage, set_server_mem, set_server_percentage
-from .._protocol.readback import parse_readback, readback_readable
+from .._protocol.commands import check_applied
 from .._protocol.state import read_state
 from .._resource.lock import resource_lock
 from .._supervisor.liveness import DaemonState, inspect
@@ -31,12 +30,10 @@ from .model import (
     check_replicas,
     EVERY_GPU,
     Limits,
-    format_percentage,
     parse_mem_limit,
     parse_percentage as parse_wanted_percentage,
-    percentage_matches,
-    readback_matches,
 )
+from .decide import LimitsSeen, ServerLimits, decide_limits
 from .store import persist, read_persisted, write_replay
 from .._resource.layout import ConfigPaths, ResourcePaths, managed_dirs
 from .._selectors import resolve_devices
@@ -46,17 +43,6 @@ from .._supervisor.unit import parse_env
 MIG_GONE = (': the MIG instance was destroyed (and perhaps created again, with a new UUID - nvidia-smi -L lists the current '
             'ones); start the resource on its new MIG device first (gpufleet.mps.mps_daemon, or mps_host and the fleet role, '
             'which do both in one run), then set its limits')
-
-
-@dataclass
-class ServerLimits:
-    pid: int
-    active_thread_percentage: t.Optional[float]
-    pinned_device_mem_limit: t.Dict[int, t.Optional[str]]
-
-    def as_dict(self) -> t.Dict[str, t.Any]:
-        return {'pid': self.pid, 'active_thread_percentage': self.active_thread_percentage,
-                'pinned_device_mem_limit': {str(k): v for k, v in self.pinned_device_mem_limit.items()}}
 
 
 @dataclass
@@ -99,7 +85,6 @@ class LimitsManager:
         # mps_host: the devices the plan gives the resource. When the daemon runs on others (a GPU move, a MIG instance
         # re-created), it restarts on these: the limits are checked and persisted for them, not sent to the old daemon.
         self.planned: t.Optional[t.List[Gpu]] = None
-        self.restart_reasons: t.List[str] = []
         # mps_host: the daemon is stopped by an earlier change of the same plan (its restart): persist, do not send.
         self.assume_stopped = False
 
@@ -229,34 +214,24 @@ class LimitsManager:
         persisted = read_persisted(self.config)
         out = LimitsOutcome(running=running, wanted=wanted)
         out.limits = self._describe(wanted, scope)
-        out.after = {'active_thread_percentage': wanted.active_thread_percentage,
-                     'pinned_device_mem_limit': {str(o): _mib_text(wanted.mem_for(g.uuid)) for o, g in enumerate(scope)}}
+        # Observed (one UI process for a running daemon), then decided by a pure function of it.
         if running:
             pct, mem_read, servers = self.read(scope, pid)
-            out.before = {'active_thread_percentage': pct,
-                          'pinned_device_mem_limit': {str(o): v for o, v in mem_read.items()}}
-            # Compared as the daemon reports them: 10240M set reads back 10G, and is no change.
-            target = 100.0 if wanted.active_thread_percentage is None and self.exact else wanted.active_thread_percentage
-            if pct is not None and target is not None and percentage_matches(pct, target):
-                out.after['active_thread_percentage'] = pct
-            for ordinal, gpu in enumerate(scope):
-                mib = wanted.mem_for(gpu.uuid)
-                if mib is not None and readback_matches(parse_readback(mem_read.get(ordinal) or ''), mib):
-                    out.after['pinned_device_mem_limit'][str(ordinal)] = mem_read[ordinal]
-            self.restart_reasons = []
-            out.commands = self._default_commands(wanted, persisted, scope, pct, mem_read, out.warnings)
-            out.restart_needed = '; '.join(self.restart_reasons)
-            updates, pending = self._server_commands(wanted, scope, servers, running_servers)
-            out.commands += updates
-            out.pending = [server.as_dict() for server in pending]
+            seen = LimitsSeen(persisted, True, pct, mem_read, tuple(servers))
+        else:
+            seen = LimitsSeen(persisted)
+        decision = decide_limits(wanted, [gpu.uuid for gpu in scope], seen, self.exact, running_servers, self.paths.name)
+        out.before, out.after = decision.before, decision.after
+        out.warnings += decision.warnings
+        if running:
+            out.commands = decision.commands
+            out.restart_needed = '; '.join(decision.restart_reasons)
+            out.pending = [server.as_dict() for server in decision.pending]
             if out.commands:
                 commands = list(out.commands)
                 out.act('apply %s' % '; '.join(commands), lambda: self._apply(commands))
                 out.applied = True
         else:
-            out.before = {'active_thread_percentage': persisted.active_thread_percentage if persisted else None,
-                          'pinned_device_mem_limit': {str(o): _mib_text(persisted.mem_for(g.uuid)) if persisted else None
-                                                      for o, g in enumerate(scope)}}
             out.msg = self._not_running(persist_limits, out.warnings)
         if persist_limits and self.exact and wanted.empty:
             self._forget(out)
@@ -315,56 +290,6 @@ class LimitsManager:
         warnings.append(msg)
         return msg
 
-    def _default_commands(self, wanted: Limits, persisted: t.Optional[Limits], scope: t.Sequence[Gpu], pct: float,
-                          mem_read: t.Dict[int, t.Optional[str]], warnings: t.List[str]) -> t.List[str]:
-        cmds = []
-        for ordinal, gpu in enumerate(scope):
-            mib = wanted.mem_for(gpu.uuid)
-            if mib is None:
-                had = persisted.mem_for(gpu.uuid) if persisted else None
-                if self.exact and had is not None:
-                    # MPS has a command to set a default pinned memory limit and none to remove one.
-                    self.restart_reasons.append('the pinned memory limit %dM of device %d (%s) is no longer wanted and MPS can '
-                                                'only drop it with a restart' % (had, ordinal, gpu.uuid))
-                continue
-            was = persisted.mem_for(gpu.uuid) if persisted else None
-            if not readback_readable(mem_read[ordinal]):
-                warnings.append('the MPS control daemon of %s answered %r to get_default_device_pinned_mem_limit %d, which '
-                                'is not a size: the limit is treated as unknown and set again' % (
-                                    self.paths.name, mem_read[ordinal], ordinal))
-            if (was is not None and was != mib) or not readback_matches(parse_readback(mem_read[ordinal] or ''), mib):
-                cmds.append(set_default_mem(ordinal, mib))
-        if wanted.active_thread_percentage is None and self.exact:
-            if not percentage_matches(pct, 100.0):
-                cmds.append(set_default_percentage(format_percentage(100.0)))
-        elif wanted.active_thread_percentage is not None:
-            was_pct = persisted.active_thread_percentage if persisted else None
-            if (was_pct is not None and was_pct != wanted.active_thread_percentage) or not percentage_matches(pct, wanted.active_thread_percentage):
-                cmds.append(set_default_percentage(format_percentage(wanted.active_thread_percentage)))
-        return cmds
-
-    @staticmethod
-    def _server_commands(wanted: Limits, scope: t.Sequence[Gpu], servers: t.Sequence[ServerLimits],
-                         running_servers: str) -> t.Tuple[t.List[str], t.List[ServerLimits]]:
-        cmds: t.List[str] = []
-        pending = []
-        for server in servers:
-            server_cmds = []
-            for ordinal, gpu in enumerate(scope):
-                mib = wanted.mem_for(gpu.uuid)
-                if mib is not None and not readback_matches(parse_readback(server.pinned_device_mem_limit.get(ordinal) or ''), mib):
-                    server_cmds.append(set_server_mem(server.pid, ordinal, mib))
-            if wanted.active_thread_percentage is not None and not percentage_matches(server.active_thread_percentage,
-                                                                                      wanted.active_thread_percentage):
-                server_cmds.append(set_server_percentage(server.pid, format_percentage(wanted.active_thread_percentage)))
-            if not server_cmds:
-                continue
-            if running_servers == 'update':
-                cmds.extend(server_cmds)
-            else:
-                pending.append(server)
-        return cmds, pending
-
     def _apply(self, cmds: t.Sequence[str]) -> None:
         if self.daemon is None:
             return
@@ -382,7 +307,3 @@ class LimitsManager:
         return {'active_thread_percentage': wanted.active_thread_percentage, 'replicas': wanted.replicas,
                 'pinned_device_mem_limit': {'by_ordinal': by_ordinal, 'by_uuid': by_uuid},
                 'devices': [dict(gpu.summary(), ordinal=ordinal) for ordinal, gpu in enumerate(scope)]}
-
-
-def _mib_text(mib: t.Optional[int]) -> t.Optional[str]:
-    return None if mib is None else '%dM' % mib
