@@ -33,6 +33,7 @@ from .absent import Absent
 from .absent import _rmdir_if_empty  # noqa: F401  pylint: disable=unused-import
 from .actions import DaemonActions
 from .busy import BusyClients
+from .decide import decide_run
 from .devices import DeviceChoice
 from .differences import Differences
 from .model import DaemonOutcome, HostContext, Wanted
@@ -211,15 +212,16 @@ class ResourceManager(DeviceChoice, DaemonActions, SystemdUnit, BusyClients, Dif
         self._repair_log_mode(out)
         if os.path.isdir(self.paths.pipe_dir):
             self._label(out)
-        differences = self._differences(wanted, current, record)
-        if wanted.shm and not self.check_mode and not (current.running and state == 'started' and not differences):
+        # Observed, then decided (.decide, no I/O): keep, restart, recover or start.
+        action, why = decide_run(state, current, self._differences(wanted, current, record), self.restart_reason)
+        if wanted.shm and not self.check_mode and action != 'keep':
             # A daemon is about to be (re)started with the tmpfs as /dev/shm: find out now, before the old one
             # is stopped or a compute mode changed, whether that can work here.
             if wanted.supervisor == 'systemd':
                 check_unit_path(self.paths.shm_dir, 'root')
             elif not self.shm_planned or mounted_at(self.paths.shm_dir) is not None:
                 self.daemon.check_shm_namespace()  # (a tmpfs the same plan mounts first is tried by the start itself)
-        if current.running and state == 'started' and not differences:
+        if action == 'keep':
             # Healthy and as wanted: only the compute mode may have drifted (it resets at reboot).
             claims = self.foreign()[0]
             for gpu in wanted.devices:
@@ -240,8 +242,7 @@ class ResourceManager(DeviceChoice, DaemonActions, SystemdUnit, BusyClients, Dif
             out.pid = current.pid
             out.started_at = record.started_at
             return
-        if current.running:
-            why = '; '.join(differences) if differences else (self.restart_reason or 'state=restarted')
+        if action == 'restart':
             self._plan_busy(current, out, 'the restart (%s)' % why)
             out.restarting = True
             out.restart_why = why
@@ -254,9 +255,8 @@ class ResourceManager(DeviceChoice, DaemonActions, SystemdUnit, BusyClients, Dif
                 self._start(wanted, out, restart=False)
             self._release_dropped(wanted, record, out)
             return
-        if current.stale:
-            out.warnings.append('recovered the MPS control daemon for %s: it had died and left files behind (%s)' % (
-                self.paths.name, ', '.join(current.leftovers)))
+        if action == 'recover':
+            out.warnings.append('recovered the MPS control daemon for %s: %s' % (self.paths.name, why))
             self._clean_stale(out)
         self._start(wanted, out, restart=False)
 
