@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -15,7 +16,6 @@ import pytest
 
 from ansible_collections.gpufleet.mps.plugins.module_utils import _gpus
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import InvalidParameterError, MpsError
-from ansible_collections.gpufleet.mps.plugins.module_utils._host import execute as _execute
 from ansible_collections.gpufleet.mps.plugins.module_utils._host.manager import HostManager
 from ansible_collections.gpufleet.mps.plugins.module_utils._module import control_binary
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import resource_paths
@@ -104,9 +104,24 @@ def _listed(out):
     return [change.as_dict() for change in out.changes]
 
 
+def _assert_order(changes, ready_before):
+    """The plan's order invariants: waits first; the ready mark withdrawn before anything goes down; the mark last."""
+    kinds = [change['kind'] for change in changes]
+    waits = [index for index, kind in enumerate(kinds) if kind == 'wait']
+    assert waits == list(range(len(waits))), kinds
+    down = [index for index, kind in enumerate(kinds) if kind in ('stop', 'restart')]
+    withdraw = [index for index, change in enumerate(changes)
+                if change['resource'] == 'host' and change['kind'] == 'remove' and change['action'].endswith('/.ready')]
+    if down and ready_before:
+        assert withdraw and withdraw[0] < down[0], changes
+    if 'ready' in kinds:
+        assert kinds.index('ready') == len(kinds) - 1, kinds
+
+
 def _check_then_apply(host, resources, **options):
     """The check-mode plan, then the real run: the same changes, change by change; then nothing is left to do."""
     planned = host.run(resources, check=True, **options)
+    _assert_order(_listed(planned), host.ready)
     applied = host.run(resources, **options)
     assert [change.as_dict() for change in applied.executed] == _listed(planned)
     assert _listed(applied) == _listed(planned)
@@ -203,34 +218,53 @@ def test_a_daemon_whose_root_was_deleted_is_refused_not_started_twice(host):
     assert host.run([{'name': 'train', 'devices': [0]}]).ready
 
 
-def test_a_run_killed_at_any_change_never_leaves_the_ready_mark_over_a_down_resource(host, monkeypatch):
-    """Case 4 and the fault test: the apply dies (no handler runs, as under kill -9) at each change of a multi-resource
-    change in turn; the host is checked for the mark, then the next run converges."""
+# A child process runs the host's plan and is sent SIGKILL by itself once the first ``kill_at`` changes have had their side
+# effects: no ``finally``, no undo, no lock release but the kernel's - what kill -9 leaves.
+_DYING_RUN = r"""
+import ctypes, json, os, signal, sys
+import pynvml
+pynvml.nvmlLib = ctypes.CDLL(sys.argv[1])
+from ansible_collections.gpufleet.mps.plugins.module_utils import _gpus
+from ansible_collections.gpufleet.mps.plugins.module_utils._host import execute as _execute
+from ansible_collections.gpufleet.mps.plugins.module_utils._host.manager import HostManager
+from ansible_collections.gpufleet.mps.plugins.module_utils._module import control_binary
+params, kill_at = json.loads(sys.argv[2]), int(sys.argv[3])
+real_execute = _execute.execute
+def dying(out, listed, ready_path):
+    steps = out.steps
+    changes = [index for index, (change, _run) in enumerate(steps) if change is not None]
+    out.steps = steps[:changes[kill_at]]
+    real_execute(out, listed, ready_path)
+    os.kill(os.getpid(), signal.SIGKILL)
+_execute.execute = dying
+with _gpus.Nvml() as nvml:
+    HostManager(params, nvml, control_binary, False).ensure(nvml.gpus())
+"""
+
+
+def test_a_run_sent_sigkill_at_each_change_is_converged_by_the_next_run(host, nvml_lib):
+    """Case 4 and the fault test, with kill -9 for real: a child process applies a multi-resource change and is sent
+    SIGKILL after each change of it in turn; no ready mark stands over a down resource, no daemon is duplicated, and the
+    next run converges."""
     first = [{'name': 'train', 'devices': [0, 1]}, {'name': 'infer', 'devices': [2]}]
     second = [{'name': 'train', 'devices': [0]}, {'name': 'tune', 'devices': [1]}, {'name': 'infer', 'devices': [2, 3]}]
     host.run(first)
     count = len(host.run(second, check=True).changes)
     assert count > 8
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     for kill_at in range(count):
         host.run(first)
-        real_execute = _execute.execute
-
-        def dying(out, listed, ready_path, kill_at=kill_at):
-            steps = out.steps
-            changes = [index for index, (change, _run) in enumerate(steps) if change is not None]
-            out.steps = steps[:changes[kill_at]]
-            real_execute(out, listed, ready_path)
-            raise KeyboardInterrupt('killed before change %d' % kill_at)
-        with monkeypatch.context() as patch:
-            patch.setattr('ansible_collections.gpufleet.mps.plugins.module_utils._host.execute.execute', dying)
-            with pytest.raises(KeyboardInterrupt):
-                host.run(second)
+        params = dict(host.params, resources=second)
+        child = subprocess.run([sys.executable, '-c', _DYING_RUN, str(nvml_lib), json.dumps(params), str(kill_at)],
+                               env=env, capture_output=True, text=True, timeout=120, check=False)
+        assert child.returncode == -signal.SIGKILL, (kill_at, child.stderr[-2000:])
         down = [name for name in ('train', 'tune', 'infer') if os.path.isdir(resource_paths(host.root, name).resource_dir)
                 and not inspect(resource_paths(host.root, name)).running]
-        assert not (host.ready and down), 'killed before change %d: ready over %s' % (kill_at, down)
+        assert not (host.ready and down), 'killed after %d change(s): ready over %s' % (kill_at, down)
         converged = host.run(second)
         assert converged.ready and host.ready
         assert host.run(second, check=True).changes == []
+        assert len(_daemon_pids(host.root)) == 3, 'killed after %d change(s): %s' % (kill_at, _daemon_pids(host.root))
 
 
 def test_two_runs_at_once_both_succeed_and_the_second_finds_nothing_to_do(host):
@@ -369,3 +403,56 @@ def test_orphans_stop_refuses_an_orphan_with_servers_unless_busy_terminate(host)
     assert _daemon_pids(host.root) == [orphan]
     out = host.run([{'name': 'train', 'devices': [0]}], orphans='stop', busy='terminate')
     assert out.ready and out.executed[0].ends_clients
+
+
+# --- property: whatever the request, apply does what check mode showed, and deciding again finds nothing ------------
+def _random_request(rng, gpus):
+    """A valid request for a 4-GPU host: the GPUs dealt to up to three resources, each with limits or replicas or none."""
+    names = rng.sample(['train', 'infer', 'tune', 'nvidia.com/gpu'], rng.randint(0, 3))
+    owner = {index: rng.choice(names + [None]) for index in range(len(gpus))} if names else {}
+    resources = []
+    for name in names:
+        devices = [index for index, who in owner.items() if who == name]
+        if not devices:
+            continue
+        entry = {'name': name, 'devices': rng.sample(devices, len(devices))}
+        kind = rng.choice(['none', 'limits', 'replicas'])
+        if kind == 'limits':
+            entry['active_thread_percentage'] = rng.choice([10, 25, 50, 100])
+            entry['pinned_device_mem_limit'] = rng.choice(['2G', '10G', '7000M'])
+        elif kind == 'replicas':
+            entry['replicas'] = rng.choice([2, 4])
+        resources.append(entry)
+    return resources
+
+
+def _daemon_view(root, name):
+    """What the host itself shows of a resource's daemon: its pid, the GPUs in its environment, its default percentage."""
+    paths = resource_paths(root, name)
+    state = inspect(paths)
+    if not state.running:
+        return None
+    with open('/proc/%d/environ' % state.pid, 'rb') as handle:
+        env = dict(item.split(b'=', 1) for item in handle.read().split(b'\0') if b'=' in item)
+    return env.get(b'CUDA_VISIBLE_DEVICES', b'').decode().split(',')
+
+
+@pytest.mark.parametrize('seed', [1, 2, 3])
+def test_any_sequence_of_requests_applies_as_planned_and_leaves_nothing_to_decide(host, seed):
+    """A property over seeded random requests: check mode lists what the real run executes, change by change; the host
+    observed afterwards has exactly the listed daemons on exactly their GPUs; deciding again yields no change."""
+    import random  # pylint: disable=import-outside-toplevel
+    rng = random.Random(seed)
+    uuids = host.uuids()
+    for _step in range(4):
+        resources = _random_request(rng, uuids)
+        applied = _check_then_apply(host, resources)
+        listed = {res['name'] for res in resources}
+        for res in resources:
+            assert _daemon_view(host.root, res['name']) == [uuids[index] for index in res['devices']], (seed, resources)
+        # A removed resource keeps its logs, nothing else: no pipe directory, no start record.
+        leftovers = [name for name in ('train', 'infer', 'tune', 'nvidia.com/gpu') if name not in listed and (
+            os.path.exists(resource_paths(host.root, name).pipe_dir) or os.path.exists(resource_paths(host.root, name).started_file))]
+        assert leftovers == [], (seed, resources, leftovers)
+        assert len(_daemon_pids(host.root)) == len(resources)
+        assert applied.ready == bool(resources) == host.ready
