@@ -12,7 +12,6 @@ from .._observe.scan import ForeignDaemon, foreign_daemons, gpu_claims, live_dae
 from .._outcome import Outcome
 from .._resource.record import StartRecord
 from .._selectors import resolve_devices
-from .._tmpfs import mounted_at, shm_persisted
 from .model import DaemonOutcome, Wanted
 
 
@@ -85,18 +84,25 @@ class DeviceChoice:
         if taken:
             raise DeviceSelectionError('devices: %s already used by another MPS daemon under %s' % (
                 '; '.join('%s by resource %r' % (gpu.label, owner) for gpu, owner in taken), self.paths.root))
-        if shm and not self.shm_planned and mounted_at(self.paths.shm_dir) is None:
+        if shm:
+            self._check_shm()
+        return Wanted(devices, multiuser, self.supervisor, compute_mode, enabled, shm, foreground)
+
+    def _check_shm(self) -> None:
+        """The shared tmpfs a daemon with shm=true needs: mounted (or mounted first by the same plan), and kept at boot."""
+        # Imported here: only shm needs it (AnsiballZ compiles every module imported, on every run).
+        from .._tmpfs import mounted_at, shm_persisted  # pylint: disable=import-outside-toplevel
+        if not self.shm_planned and mounted_at(self.paths.shm_dir) is None:
             message = ('%s does not exist or is not mounted: mount the shared tmpfs with gpufleet.mps.mps_shm before '
                        'starting daemons with shm=true' % self.paths.shm_dir)
             if not self.check_mode:
                 raise InvalidParameterError('shm', message)
             self.pending_warnings.append(message + ' (check mode carries on)')
-        if shm and self.supervisor == 'systemd' and not self.shm_planned and not shm_persisted(self.paths.shm_dir, self.unit_dir):
+        if self.supervisor == 'systemd' and not self.shm_planned and not shm_persisted(self.paths.shm_dir, self.unit_dir):
             self.pending_warnings.append(
                 '%s is mounted but neither a mount unit nor an fstab line brings it back at boot: the unit %s needs it '
                 '(RequiresMountsFor=, BindPaths=) and will fail to start after a reboot; mount it with '
                 'gpufleet.mps.mps_shm persist=systemd' % (self.paths.shm_dir, self.unit))
-        return Wanted(devices, multiuser, self.supervisor, compute_mode, enabled, shm, foreground)
 
     def _report_gone(self, record: t.Optional[StartRecord], wanted: t.Optional[Wanted], out: 'DaemonOutcome') -> None:
         """Name the devices the daemon was started on that NVML no longer reports: a MIG instance destroyed, or

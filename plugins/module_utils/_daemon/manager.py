@@ -27,7 +27,6 @@ from .._selinux import validate_type as validate_selinux_type
 from .._supervisor.liveness import DaemonState, inspect
 from .._supervisor.process import Daemon
 from .._supervisor.unit import UNIT_DIR, Systemctl, instance_unit, systemd_is_pid1
-from .._tmpfs import check_unit_path, mounted_at
 from .absent import Absent
 # The unit tests import it from here.
 from .absent import _rmdir_if_empty  # noqa: F401  pylint: disable=unused-import
@@ -215,6 +214,8 @@ class ResourceManager(DeviceChoice, DaemonActions, SystemdUnit, BusyClients, Dif
         # Observed, then decided (.decide, no I/O): keep, restart, recover or start.
         action, why = decide_run(state, current, self._differences(wanted, current, record), self.restart_reason)
         if wanted.shm and not self.check_mode and action != 'keep':
+            # Imported here: only shm needs it (AnsiballZ compiles every module imported, on every run).
+            from .._tmpfs import check_unit_path, mounted_at  # pylint: disable=import-outside-toplevel
             # A daemon is about to be (re)started with the tmpfs as /dev/shm: find out now, before the old one
             # is stopped or a compute mode changed, whether that can work here.
             if wanted.supervisor == 'systemd':

@@ -45,7 +45,6 @@ from .._supervisor.liveness import inspect
 from .._supervisor.process import end_orphan
 from .._supervisor.logrotate import render_logrotate
 from .._supervisor.unit import UNIT_DIR, Systemctl, systemd_is_pid1
-from .._tmpfs import size_kib
 from .around import READY_FILE, Around
 from .facts import facts_text, local_facts
 from .plan import ResourcePlan, plan_resources
@@ -133,6 +132,8 @@ class HostManager:
         plans = plan_resources(p['resources'], gpus, 'resources', warnings=self.plan_warnings) if p['state'] == 'present' else []
         if p['state'] == 'present':
             if p['shm']:
+                # Imported here, as everything only shm needs: AnsiballZ compiles every module imported, on every run.
+                from .._tmpfs import size_kib  # pylint: disable=import-outside-toplevel
                 size_kib(p['shm_size'], param='shm_size')
             if p['health_check'] and (p['health_interval'] < 5 or p['health_timeout'] < 1):
                 raise InvalidParameterError('health_interval', 'the health check needs an interval of at least 5 s and a timeout '
