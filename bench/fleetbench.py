@@ -840,7 +840,14 @@ def measured_markdown(runs: t.Sequence[t.Dict[str, t.Any]], fleet: t.Sequence[t.
         out += ['', 'Whole module process, median wall (CPU) ms - Python start, imports, run, and the processes it starts; what '
                 'each module execution pays on top of Ansible\'s own per-task work: %s.' % ', '.join(
                     '`%s` %s (%s)' % (name, _f(proc[name] * 1000, 0), _f(proc_cpu[name] * 1000, 0) if name in proc_cpu else '?')
-                    for name in ('ping', 'mps_limits', 'mps_daemon', 'mps_info') if name in proc)]
+                    for name in ('ping', 'mps_limits', 'mps_daemon', 'mps_info', 'mps_host', 'python') if name in proc)]
+        if 'mps_host_phases' in modules:
+            ph = modules['mps_host_phases']
+            out += ['', 'Where one `mps_host` no-op module process spends its time (bench/phases.py, median ms; the interpreter\'s '
+                    'own start, `python` above, comes first): %s; total after start %s.' % (', '.join(
+                        '%s %s' % (key.replace('_', ' '), _f(ph[key] * 1000, 1)) for key in (
+                            'import_ansible', 'import_collection', 'nvml_init', 'plan', 'ui', 'results', 'rest') if key in ph),
+                        _f(ph['total'] * 1000, 1))]
         if 'ui_process' in modules:
             out += ['', 'One control UI process of the simulator: %s ms wall, %s ms CPU (it is Python; the real '
                     '`nvidia-cuda-mps-control` is a native program).' % (

@@ -110,6 +110,17 @@ def _process_seconds(argv: t.Sequence[str], env: t.Mapping[str, str], reps: int)
     return statistics.median(times), statistics.median(cpu)
 
 
+def _phases(argv: t.Sequence[str], env: t.Mapping[str, str]) -> t.Dict[str, float]:
+    """One mps_host no-op process run under bench/phases.py: its phases, in seconds."""
+    proc = subprocess.run(list(argv), capture_output=True, text=True, env=dict(env), timeout=120, check=False)
+    result = json.loads(proc.stdout) if proc.stdout.strip().startswith('{') else {}
+    lines = [line for line in proc.stderr.splitlines() if line.startswith('PHASES ')]
+    if proc.returncode != 0 or result.get('failed') or result.get('changed') or not lines:
+        raise RuntimeError('mps_host under phases.py failed or changed: rc=%d %s %s' % (
+            proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:]))
+    return json.loads(lines[-1][len('PHASES '):])
+
+
 def main(argv: t.Sequence[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n', 1)[0])
     parser.add_argument('--sim-dir', required=True, help='the simulated host (its host/ laid out by make-simhost.sh)')
@@ -197,6 +208,19 @@ def main(argv: t.Sequence[str]) -> int:
             'mps_info': _process_seconds([sys.executable, os.path.join(module_dir, 'mps_info.py'), json.dumps({'ANSIBLE_MODULE_ARGS': {
                 'root': root, 'config_dir': config_dir, 'control_binary': binary, 'gather': ['gpus', 'daemons']}})], env, args.reps),
         }
+        # mps_host on the same daemon (its first run writes the ready mark, the local facts and the logrotate file):
+        # where its module process spends the time of a no-op, phase by phase (bench/phases.py).
+        host_args = {'root': root, 'config_dir': config_dir, 'control_binary': binary, 'supervisor': 'none', 'stop_timeout': 5,
+                     'resources': [{'name': name, 'devices': 'all', 'replicas': REPLICAS}],
+                     'local_facts_dir': os.path.join(sim, 'facts.d'), 'logrotate_dir': os.path.join(sim, 'logrotate.d')}
+        host_argv = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), 'phases.py'),
+                     json.dumps({'ANSIBLE_MODULE_ARGS': host_args})]
+        subprocess.run(host_argv, capture_output=True, text=True, env=env, timeout=120, check=True)
+        phases = [_phases(host_argv, env) for _rep in range(args.reps)]
+        host_phases = {key: statistics.median(row[key] for row in phases) for key in phases[0]}
+        measured['mps_host'] = _process_seconds([sys.executable, os.path.join(module_dir, 'mps_host.py'),
+                                                 json.dumps({'ANSIBLE_MODULE_ARGS': host_args})], env, args.reps)
+        measured['python'] = _process_seconds([sys.executable, '-c', 'print("{}")'], env, args.reps)
         processes = {name: wall for name, (wall, _cpu) in measured.items()}
         process_cpu = {name: cpu for name, (_wall, cpu) in measured.items()}
     finally:
@@ -212,6 +236,7 @@ def main(argv: t.Sequence[str]) -> int:
         'process_seconds': processes,
         'process_cpu_seconds': process_cpu,
         'ui_process': ui_process,
+        'mps_host_phases': host_phases,
     }
     json.dump(report, sys.stdout, indent=2, sort_keys=True)
     sys.stdout.write('\n')
