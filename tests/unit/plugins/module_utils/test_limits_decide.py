@@ -50,8 +50,8 @@ TABLE = [
      LimitsSeen(_limits(25), True, 25.0, {0: '', 1: ''}, (ServerLimits(7, 100.0, {0: None, 1: None}),)), True, 'ignore',
      [], [7], False, False),
     ('a running server with other limits: its own commands under update', _limits(25, u0=1024),
-     LimitsSeen(_limits(25, u0=1024), True, 25.0, {0: '1G', 1: ''}, (ServerLimits(7, 100.0, {0: None, 1: None}),
-                                                                      ServerLimits(8, 25.0, {0: '1G', 1: None}))),
+     LimitsSeen(_limits(25, u0=1024), True, 25.0, {0: '1G', 1: ''},
+                (ServerLimits(7, 100.0, {0: None, 1: None}), ServerLimits(8, 25.0, {0: '1G', 1: None}))),
      True, 'update', ['set_device_pinned_mem_limit 7 0 1024M', 'set_active_thread_percentage 7 25.0'], [], False, False),
 ]
 
