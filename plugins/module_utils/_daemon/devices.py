@@ -20,9 +20,9 @@ class DeviceChoice:
 
     def owned_elsewhere(self) -> t.Dict[str, str]:
         """UUID -> resource, for GPUs of the other live daemons under the same root."""
-        others = live_daemons(self.paths.root, exclude=self.paths.name)
-        return {uuid: names[0] for uuid, names in gpu_claims({name: found[1] for name, found in others.items()
-                                                              if name not in self.ignore_owners}).items()}
+        # The resources a host plan decides itself (ignore_owners) are not even read.
+        others = live_daemons(self.paths.root, exclude=self.ignore_owners | {self.paths.name})
+        return {uuid: names[0] for uuid, names in gpu_claims({name: found[1] for name, found in others.items()}).items()}
 
     def foreign(self) -> t.Tuple[t.Dict[str, ForeignDaemon], t.List[ForeignDaemon]]:
         """(GPU UUID -> a daemon not of this root that serves it, daemons whose GPUs cannot be told).

@@ -156,11 +156,12 @@ class ResourceManager(DeviceChoice, DaemonActions, SystemdUnit, BusyClients, Dif
         out = DaemonOutcome()
         out.warnings.extend(self.pending_warnings)
         # A daemon the same plan stops first (the first half of its restart) is planned as stopped, without a record.
-        current = DaemonState(False, None, None) if self.assume_stopped else inspect(self.paths)
+        seen = self.host.seen  # the host plan's one observation of this resource, when there is one
+        current = DaemonState(False, None, None) if self.assume_stopped else seen.state if seen else inspect(self.paths)
         self._own_pid = current.pid
         if current.conflict:
             raise MpsError('the MPS control daemon for %s: %s' % (self.paths.name, current.conflict), pid=current.pid)
-        record = None if self.assume_stopped else self.record()
+        record = None if self.assume_stopped else seen.record if seen else self.record()
         out.before = self.describe(current, record)
         if current.running and not self.daemon.answered:
             # One UI process: does it answer at all? A hung daemon fails here, naming pid and log. (mps_host has

@@ -53,6 +53,8 @@ class HostContext:
     limits: t.Optional[t.Any] = None
     limits_replay_for: t.Optional[t.List[str]] = None
     limits_planned: bool = False
+    # What the run observed of this resource once, before deciding (_observe.snapshot.ResourceSeen); None: read it.
+    seen: t.Optional[t.Any] = None
 
 
 @dataclass

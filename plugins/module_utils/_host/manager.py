@@ -37,11 +37,11 @@ from .._gpus import Gpu, Nvml
 from .._io import ensure_dir, refuse_unsafe_dirs, remove
 from .._limits.manager import LimitsManager
 from .._observe.scan import foreign_daemons, scan_config, scan_resources
+from .._observe.snapshot import ResourceSeen, observe
 from .._outcome import Change, Outcome
 from .._resource.layout import validate_root
 from .._resource.lock import HostLock
 from .._proc import child_pids
-from .._supervisor.liveness import inspect
 from .._supervisor.process import end_orphan
 from .._supervisor.logrotate import render_logrotate
 from .._supervisor.unit import UNIT_DIR, Systemctl, systemd_is_pid1
@@ -90,6 +90,8 @@ class _Resource:
     # The first half of its restart (every stop of the plan comes before any start), and the limits read before it.
     stop: t.Optional[t.Any] = None
     first_limits: t.Optional[t.Any] = None
+    # What the run observed of it, once, before deciding (_observe.snapshot).
+    seen: t.Optional[ResourceSeen] = None
 
 
 class HostManager:
@@ -193,11 +195,15 @@ class HostManager:
         would_remove: t.List[str] = []
         orphans = self._orphans() if p['orphans'] == 'stop' else []
         ending = frozenset(daemon.pid for daemon in orphans)
+        # Observe: each resource read once; every part of the plan below decides from it.
+        seen = observe(res.setup.paths for res in listed + removed)
+        for res in listed + removed:
+            res.seen = seen[res.name]
         # Whether each listed resource restarts: its limits and daemon planned against the host as it is.
         for res in listed:
             res.limits = self._limits(res, assume_stopped=False)
             res.daemon = self._daemon(res, 'restarted' if res.limits.restart_needed else 'started',
-                                      HostContext(ignore, would_remove, ending_pids=ending, restart_reason=res.limits.restart_needed,
+                                      HostContext(ignore, would_remove, ending_pids=ending, restart_reason=res.limits.restart_needed, seen=res.seen,
                                                   shm_planned=p['shm'], **self._planned_limits(res)))
             res.restart = res.daemon.restarting
         kept = frozenset(gpu.uuid for res in listed for gpu in res.plan.devices) if p['compute_mode'] != 'unchanged' else frozenset()
@@ -206,14 +212,14 @@ class HostManager:
         if not absent:
             self._shm(body)
         for res in removed:
-            res.daemon = self._daemon(res, 'absent', HostContext(ignore, would_remove, ending_pids=ending, keep_modes=kept))
+            res.daemon = self._daemon(res, 'absent', HostContext(ignore, would_remove, ending_pids=ending, keep_modes=kept, seen=res.seen))
             body.take(res.name, res.daemon)
             body.removed.append(res.name)
         if absent:
             self._shm(body)
         for res in listed:
             if res.restart:
-                res.stop = self._daemon(res, 'stopped', HostContext(ignore, would_remove, ending_pids=ending, keep_modes=kept,
+                res.stop = self._daemon(res, 'stopped', HostContext(ignore, would_remove, ending_pids=ending, keep_modes=kept, seen=res.seen,
                                                                     restart_for=res.daemon.restart_why,
                                                                     restart_onto=res.plan.devices))
                 body.take(res.name, res.stop)
@@ -292,9 +298,9 @@ class HostManager:
         plan = res.plan
         if plan is None:
             raise MpsError('internal error: limits of the removed resource %s were asked for' % res.name)
-        running = not assume_stopped and inspect(res.setup.paths).running
+        running = not assume_stopped and res.seen is not None and res.seen.state.running
         manager = LimitsManager(res.setup.paths, res.setup.config, res.setup.daemon if running else None, self.nvml.gpus(),
-                                self.check_mode)
+                                self.check_mode, seen=None if assume_stopped else res.seen)
         manager.exact = True
         manager.planned = list(plan.devices)
         manager.assume_stopped = assume_stopped
@@ -346,8 +352,10 @@ class HostManager:
 
     def _results(self, listed: t.List[_Resource], out: HostOutcome) -> None:
         """Every listed resource as it is after the run (check mode: as planned)."""
+        # A run that changed nothing reports the host as it observed it; one that did observes it again.
+        again = not self.check_mode and bool(out.executed)
         for res in listed:
-            item = resource_result(res, self.check_mode)
+            item = resource_result(res, self.check_mode, None if again else res.seen)
             if not item.pop('healthy_now', True):
                 out.unhealthy[res.name] = item['reason']
             item.pop('reason', None)

@@ -68,12 +68,14 @@ class LimitsManager:
     """Limits of one resource."""
 
     def __init__(self, paths: ResourcePaths, config: ConfigPaths, daemon: t.Optional[Daemon], gpus: t.Sequence[Gpu],
-                 check_mode: bool) -> None:
+                 check_mode: bool, seen: t.Optional[t.Any] = None) -> None:
         self.paths = paths
         self.config = config
         self.daemon = daemon
         self.gpus = list(gpus)
         self.check_mode = check_mode
+        # The host plan's one observation of the resource (_observe.snapshot.ResourceSeen); None: read it here.
+        self.seen = seen
         self.order_known = False
         # Whether the daemon's GPUs are known: it runs, or was started (its record), or its environment file
         # names them. Not before the first start of a new resource - the role's order.
@@ -95,10 +97,10 @@ class LimitsManager:
             self.state = None
             self.order_known = self.scope_known = True
             return list(self.planned), False, None
-        state = self.state = inspect(self.paths)
+        state = self.state = self.seen.state if self.seen else inspect(self.paths)
         if state.conflict:
             raise MpsError('the MPS control daemon for %s: %s' % (self.paths.name, state.conflict), pid=state.pid)
-        record = read_record(self.paths)
+        record = self.seen.record if self.seen else read_record(self.paths)
         uuids: t.Optional[t.List[str]] = None
         if record is not None:
             uuids = list(record.devices)
@@ -280,7 +282,7 @@ class LimitsManager:
         if state is None or not state.stale:
             return ('the MPS control daemon of %r is not running (not started yet, or stopped): %s, not applied now; its next '
                     'start applies them' % (self.paths.name, kept))
-        record = read_record(self.paths)
+        record = self.seen.record if self.seen else read_record(self.paths)
         if record is not None:
             since = 'was started (%s)' % (record.started_at or 'at an unknown time')
         else:

@@ -87,11 +87,12 @@ def scan_config(config_dir: str) -> t.List[str]:
     return sorted(names)
 
 
-def live_daemons(root: str, exclude: t.Optional[str] = None) -> t.Dict[str, t.Tuple['DaemonState', StartRecord]]:
-    """The resources under ``root`` whose daemon runs (or may: its evidence disagrees), with their start records."""
+def live_daemons(root: str, exclude: t.Collection[str] = ()) -> t.Dict[str, t.Tuple['DaemonState', StartRecord]]:
+    """The resources under ``root`` whose daemon runs (or may: its evidence disagrees), with their start records;
+    those named in ``exclude`` are not read at all."""
     found = {}
     for name in scan_resources(root):
-        if name == exclude:
+        if name in exclude:
             continue
         paths = resource_paths(root, name)
         record = read_record(paths)
