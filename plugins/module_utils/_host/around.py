@@ -57,19 +57,21 @@ class Around:
         self.systemctl = systemctl
         self.ready_path = os.path.join(root, READY_FILE)
 
-    def withdraw_ready(self, out: Outcome, why: str) -> bool:
-        return bool(self.params['ready']) and plan_remove(out, self.ready_path, why)
+    def ready_exists(self) -> bool:
+        """Observed: whether the ready mark is there now."""
+        return os.path.lexists(self.ready_path)
 
-    def mark_ready(self, out: Outcome, withdrawn: bool, check: t.Callable[[], None]) -> None:
+    def withdraw_ready(self, out: Outcome, why: str) -> None:
+        """The mark removed (decided by :func:`.decide.decide_ready`)."""
+        out.act('remove %s' % self.ready_path, lambda: remove(self.ready_path), why)
+
+    def mark_ready(self, out: Outcome, check: t.Callable[[], None]) -> None:
         """The mark, last: ``check`` (every listed daemon answers) runs first and raises when one does not."""
-        if not self.params['ready']:
-            return
-        if withdrawn or not os.path.exists(self.ready_path):
-            def mark() -> None:
-                check()
-                ensure_dir(self.root, 0o755)
-                atomic_write(self.ready_path, '', 0o644)
-            out.act('write %s' % self.ready_path, mark, 'every listed daemon answers', kind='ready')
+        def mark() -> None:
+            check()
+            ensure_dir(self.root, 0o755)
+            atomic_write(self.ready_path, '', 0o644)
+        out.act('write %s' % self.ready_path, mark, 'every listed daemon answers', kind='ready')
 
     def health(self, out: Outcome, wanted_here: bool) -> None:
         """The health timer that keeps the ready mark true between runs, where systemd supervises the daemons."""

@@ -46,6 +46,7 @@ from .._supervisor.process import end_orphan
 from .._supervisor.logrotate import render_logrotate
 from .._supervisor.unit import UNIT_DIR, Systemctl, systemd_is_pid1
 from .around import READY_FILE, Around
+from .decide import decide_ready, order_steps
 from .facts import facts_text, local_facts
 from .plan import ResourcePlan, plan_resources
 from .result import planned_resource, resource_result
@@ -236,17 +237,13 @@ class HostManager:
     def _order(self, body: HostOutcome, listed: t.List[_Resource], absent: bool) -> HostOutcome:
         """Waits first, then the ready mark withdrawn if anything goes down, the body, the files around, the mark last."""
         out = HostOutcome(removed=body.removed, warnings=list(body.warnings))
-        waits = [(change, run) for change, run in body.steps if change is not None and change.kind == 'wait']
-        rest = [(change, run) for change, run in body.steps if change is None or change.kind != 'wait']
         down = [res.name for res in listed if res.restart or res.daemon.before.get('state') != 'running'] + list(body.removed)
+        ready = decide_ready(absent, [res.name for res in listed], down, bool(self.params['ready']), self.around.ready_exists())
         head = Outcome()
-        withdrawn = False
         if absent:
             self.around.health(head, False)  # first: the timer would write the mark back while daemons still answer
-            withdrawn = self.around.withdraw_ready(head, 'state=absent')
-        elif down or not listed:
-            withdrawn = self.around.withdraw_ready(head, 'no resource is listed' if not listed else 'down during this run: %s'
-                                                   % ', '.join(sorted(set(down))))
+        if ready.withdraw:
+            self.around.withdraw_ready(head, ready.withdraw)
         tail = Outcome()
         if not absent:
             self.around.health(tail, bool(listed))
@@ -257,12 +254,12 @@ class HostManager:
         self.around.local_facts(tail, facts_text(out.facts) if out.facts is not None else None)
         if absent and self.params['remove_logs']:
             tail.step(lambda: _rmdir_if_empty(self.root))
-        if not absent and listed:
-            self.around.mark_ready(tail, withdrawn, lambda: self._check_healthy(listed))
+        if ready.mark:
+            self.around.mark_ready(tail, lambda: self._check_healthy(listed))
         for change in head.changes + tail.changes:
             change.resource = 'host'
         out.warnings += head.warnings + tail.warnings
-        out.steps = waits + head.steps + rest + tail.steps
+        out.steps = order_steps(body.steps, head.steps, tail.steps, lambda step: step[0] is not None and step[0].kind == 'wait')
         out.changes = [change for change, _run in out.steps if change is not None]
         out.actions = ['%s: %s' % (change.resource, change.text) for change in out.changes]
         out.changed = bool(out.changes)
