@@ -33,7 +33,12 @@ class DeviceChoice:
         """
         if self._foreign is None:
             # A resource of this root is left to its record (owned_elsewhere names the resource).
-            known, unreadable = foreign_daemons(self.paths.pipe_dir, self.nvml.gpus(), self._own_pid, outside=self.paths.root)
+            if self.host.foreign_scan is not None:
+                # The host plan's one /proc scan: every daemon outside the root, and the root's orphans; this resource's
+                # own daemon is under the root and named by its pid file, so it is among neither.
+                known, unreadable = self.host.foreign_scan()
+            else:
+                known, unreadable = foreign_daemons(self.paths.pipe_dir, self.nvml.gpus(), self._own_pid, outside=self.paths.root)
             claims: t.Dict[str, ForeignDaemon] = {}
             for daemon in known:
                 if daemon.pid in self.host.ending_pids:

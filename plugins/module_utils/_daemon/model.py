@@ -55,6 +55,9 @@ class HostContext:
     limits_planned: bool = False
     # What the run observed of this resource once, before deciding (_observe.snapshot.ResourceSeen); None: read it.
     seen: t.Optional[t.Any] = None
+    # The host's one scan of its control daemons outside the root, and the root's orphans (_observe.scan.foreign_daemons
+    # with own_pipe_dir None): every resource of the plan reads it instead of scanning /proc again. None: scan here.
+    foreign_scan: t.Optional[t.Callable[[], t.Tuple[t.List[t.Any], t.List[t.Any]]]] = None
 
 
 @dataclass

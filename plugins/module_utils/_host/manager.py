@@ -110,6 +110,7 @@ class HostManager:
         systemctl_path = shutil.which('systemctl')
         self.systemctl = Systemctl(systemctl_path) if systemctl_path and systemd_is_pid1() else None
         self.around = Around(params, self.root, self.config_dir, unit_dir, self.systemctl)
+        self._scanned: t.Optional[t.Tuple[t.List[t.Any], t.List[t.Any]]] = None
         # What the plan found worth saying without refusing (devices: all leaving out GPUs in MIG mode).
         self.plan_warnings: t.List[str] = []
 
@@ -194,18 +195,22 @@ class HostManager:
         absent = p['state'] == 'absent'
         ignore = frozenset(res.name for res in listed + removed)
         would_remove: t.List[str] = []
+        self._scanned = None  # observed again by a run that waited for another
         orphans = self._orphans() if p['orphans'] == 'stop' else []
         ending = frozenset(daemon.pid for daemon in orphans)
         # Observe: each resource read once; every part of the plan below decides from it.
         seen = observe(res.setup.paths for res in listed + removed)
         for res in listed + removed:
             res.seen = seen[res.name]
+        def context(**values: t.Any) -> HostContext:
+            """What every resource's manager is told by this plan (the one observation, the one /proc scan...)."""
+            return HostContext(ignore, would_remove, ending_pids=ending, foreign_scan=self._scan, **values)
+
         # Whether each listed resource restarts: its limits and daemon planned against the host as it is.
         for res in listed:
             res.limits = self._limits(res, assume_stopped=False)
-            res.daemon = self._daemon(res, 'restarted' if res.limits.restart_needed else 'started',
-                                      HostContext(ignore, would_remove, ending_pids=ending, restart_reason=res.limits.restart_needed, seen=res.seen,
-                                                  shm_planned=p['shm'], **self._planned_limits(res)))
+            res.daemon = self._daemon(res, 'restarted' if res.limits.restart_needed else 'started', context(
+                restart_reason=res.limits.restart_needed, seen=res.seen, shm_planned=p['shm'], **self._planned_limits(res)))
             res.restart = res.daemon.restarting
         kept = frozenset(gpu.uuid for res in listed for gpu in res.plan.devices) if p['compute_mode'] != 'unchanged' else frozenset()
         body = HostOutcome()
@@ -213,23 +218,21 @@ class HostManager:
         if not absent:
             self._shm(body)
         for res in removed:
-            res.daemon = self._daemon(res, 'absent', HostContext(ignore, would_remove, ending_pids=ending, keep_modes=kept, seen=res.seen))
+            res.daemon = self._daemon(res, 'absent', context(keep_modes=kept, seen=res.seen))
             body.take(res.name, res.daemon)
             body.removed.append(res.name)
         if absent:
             self._shm(body)
         for res in listed:
             if res.restart:
-                res.stop = self._daemon(res, 'stopped', HostContext(ignore, would_remove, ending_pids=ending, keep_modes=kept, seen=res.seen,
-                                                                    restart_for=res.daemon.restart_why,
-                                                                    restart_onto=res.plan.devices))
+                res.stop = self._daemon(res, 'stopped', context(keep_modes=kept, seen=res.seen, restart_for=res.daemon.restart_why,
+                                                                restart_onto=res.plan.devices))
                 body.take(res.name, res.stop)
         for res in listed:
             if res.restart:
                 res.first_limits = res.limits
                 res.limits = self._limits(res, assume_stopped=True)
-                res.daemon = self._daemon(res, 'started', HostContext(ignore, would_remove, ending_pids=ending, assume_stopped=True, shm_planned=p['shm'],
-                                                                      **self._planned_limits(res)))
+                res.daemon = self._daemon(res, 'started', context(assume_stopped=True, shm_planned=p['shm'], **self._planned_limits(res)))
             body.take(res.name, res.limits)
             body.take(res.name, res.daemon)
         return self._order(body, listed, absent)
@@ -268,7 +271,13 @@ class HostManager:
     # --- orphans -----------------------------------------------------------------------------------
     def _orphans(self) -> t.List[t.Any]:
         """The root's control daemons that no pipe directory leads to any more (one /proc scan; orphans=stop only)."""
-        return [daemon for daemon in foreign_daemons(None, self.nvml.gpus(), outside=self.root)[0] if daemon.orphan]
+        return [daemon for daemon in self._scan()[0] if daemon.orphan]
+
+    def _scan(self) -> t.Tuple[t.List[t.Any], t.List[t.Any]]:
+        """The host's control daemons outside the root and the root's orphans: one /proc scan per run, on first use."""
+        if self._scanned is None:
+            self._scanned = foreign_daemons(None, self.nvml.gpus(), outside=self.root)
+        return self._scanned
 
     def _end_orphans(self, out: HostOutcome, orphans: t.Sequence[t.Any]) -> None:
         """orphans=stop: end each one first (TERM, then KILL), so that the resources can take its GPUs."""

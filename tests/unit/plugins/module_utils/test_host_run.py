@@ -460,7 +460,8 @@ def test_any_sequence_of_requests_applies_as_planned_and_leaves_nothing_to_decid
 
 def test_a_no_op_observes_each_resource_once(host, monkeypatch):
     """Observe once: a run that changes nothing inspects each resource's daemon once and reads its start record once
-    (the result included), whatever the plan's parts (limits, daemon, result) ask of it."""
+    (the result included), whatever the plan's parts (limits, daemon, result) ask of it, and scans /proc for control
+    daemons once for the whole host (it was once per resource: on a node with thousands of processes, that adds up)."""
     resources = [{'name': 'train', 'devices': [0, 1], 'replicas': 2}, {'name': 'infer', 'devices': [2]}]
     host.run(resources)
     from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor import liveness  # pylint: disable=import-outside-toplevel
@@ -470,19 +471,22 @@ def test_a_no_op_observes_each_resource_once(host, monkeypatch):
     def counted(module, name):
         real = getattr(module, name)
 
-        def wrapper(paths, *args, **kwargs):
-            calls[name].append(paths.name)
-            return real(paths, *args, **kwargs)
+        def wrapper(*args, **kwargs):
+            calls[name].append(getattr(args[0], 'name', 'host') if args else 'host')
+            return real(*args, **kwargs)
         return wrapper
-    for module, name in ((liveness, 'inspect'), (record, 'read_record')):
+    from ansible_collections.gpufleet.mps.plugins.module_utils import _proc  # pylint: disable=import-outside-toplevel
+    calls['control_daemons'] = []
+    for module, name in ((liveness, 'inspect'), (record, 'read_record'), (_proc, 'control_daemons')):
         real, wrapper = getattr(module, name), counted(module, name)
         for loaded in list(sys.modules.values()):
             if getattr(loaded, '__name__', '').startswith('ansible_collections.gpufleet.mps') and getattr(loaded, name, None) is real:
                 monkeypatch.setattr(loaded, name, wrapper)
     for check in (True, False):
-        calls['inspect'].clear()
-        calls['read_record'].clear()
+        for found in calls.values():
+            found.clear()
         out = host.run(resources, check=check)
         assert not out.changed
         assert sorted(calls['inspect']) == ['infer', 'train'], (check, calls)
         assert sorted(calls['read_record']) == ['infer', 'train'], (check, calls)
+        assert len(calls['control_daemons']) == 1, (check, calls)  # one /proc scan for the whole host
