@@ -2,14 +2,13 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """One MPS control daemon found from its pipe directory: whether it is alive, and its pid.
 
-Liveness is decided by the control socket: a daemon is alive when ``<pipe>/control`` accepts a
-connection, dead when the socket is missing or refuses (a SIGKILLed daemon leaves the file, but nobody
-listens on it). Nothing public says which kind of lock the daemon takes on ``control_lock``, so the
-kernel's lock table (``/proc/locks``) and the pid file are supporting evidence only: they name the
-pid, and when they say a daemon of this pipe directory is alive while its socket does not answer, the
-two disagree - that is reported and nothing is touched (no stale cleanup, no compute-mode reset, no
-second daemon). A pid file whose pid is alive but is not a control daemon of this pipe directory
-belongs to an unrelated process that reused the pid: stale, and never signalled.
+Liveness is decided by the daemon's lock on ``control_lock`` and its process, never by connecting to its socket
+(:func:`inspect`): the real r580 daemon holds a POSIX lock that ``/proc/locks`` shows, and leaves its sockets and pid
+file behind after quit, TERM and kill -9 (``../shared/mps-reference.md`` section 8). Where the lock does not show
+(an OFD lock shows pid -1, and a driver may hide it: the simulator's ``FAKE_MPS_LOCK_KIND``), the pid file's process
+decides, when /proc shows it is a control daemon of this pipe directory. A pid file whose pid is alive but is not a
+control daemon of this pipe directory belongs to an unrelated process that reused the pid: stale, and never
+signalled. :func:`socket_answers` is for waiting on a daemon whose pid is not known.
 """
 
 from __future__ import annotations
@@ -93,12 +92,20 @@ def read_pid_file(pipe_dir: str) -> t.Optional[int]:
 
 
 def inspect(paths: ResourcePaths) -> DaemonState:
-    """Find the daemon of ``paths``: its control socket decides; the lock table and the pid file name it."""
+    """Find the daemon of ``paths`` without talking to it: its lock on ``control_lock`` and its process decide.
+
+    A live process that holds a lock on ``control_lock`` runs it (the real r580 daemon holds a POSIX write lock that
+    ``/proc/locks`` shows, and the kernel drops it when the daemon dies, however it dies). Where no holder shows (an
+    OFD lock shows pid -1; a driver may hide it), the pid file's process runs it when it is a control daemon of this
+    pipe directory. The control socket is never connected to here: each connection is a line in the daemon's
+    control.log, and the real daemon leaves its sockets and pid file behind after quit, TERM and kill -9 alike. A live
+    daemon whose socket file is gone cannot be reached (quit included): that disagreement is reported, and nothing is
+    cleaned, stopped, started or reset.
+    """
     pid_file_pid = read_pid_file(paths.pipe_dir)
     leftovers = [name for name in PIPE_DIR_FILES if os.path.lexists(os.path.join(paths.pipe_dir, name))]
     if os.path.exists(paths.started_file):
         leftovers.append(os.path.basename(paths.started_file))
-    answers = socket_answers(paths.control_socket) if os.path.lexists(paths.control_socket) else False
     holders = [pid for pid in lock_holders(os.path.join(paths.pipe_dir, LOCK_FILE)) or [] if pid > 0 and pid_alive(pid)]
     pid: t.Optional[int] = None
     if pid_file_pid is not None and pid_alive(pid_file_pid) and (
@@ -106,29 +113,20 @@ def inspect(paths: ResourcePaths) -> DaemonState:
         pid = pid_file_pid
     elif holders:
         pid = holders[0]
-    if answers is None:
-        # This process may not connect (permissions): the lock and the pid file are all there is.
-        return DaemonState(pid is not None, pid, pid_file_pid, leftovers)
-    if answers:
-        if pid is None and pid_file_pid is not None and pid_alive(pid_file_pid) and _serves(pid_file_pid, paths.pipe_dir) is not False:
-            # The answering daemon wrote it at its start; a process of another pid namespace that has the same
-            # number serves another pipe directory (or none), which its environment shows.
-            pid = pid_file_pid
+    if pid is None:
+        return DaemonState(False, None, pid_file_pid, leftovers)
+    if os.path.lexists(paths.control_socket):
         return DaemonState(True, pid, pid_file_pid, leftovers)
-    if pid is not None:
-        evidence = []
-        if pid in holders:
-            evidence.append('holds %s' % os.path.join(paths.pipe_dir, LOCK_FILE))
-        if pid == pid_file_pid:
-            evidence.append('is named by %s' % os.path.join(paths.pipe_dir, PID_FILE))
-        conflict = ('process %d %s, but %s %s: the evidence disagrees (a daemon still starting, one that failed to bind its '
-                    'socket, or a socket removed under a live daemon), so nothing was cleaned, stopped, started or reset; '
-                    'find out what pid %d is doing (see %s) and stop it, then run again' % (
-                        pid, ' and '.join(evidence), paths.control_socket,
-                        'refuses connections' if os.path.lexists(paths.control_socket) else 'does not exist',
-                        pid, os.path.join(paths.log_dir, 'control.log')))
-        return DaemonState(False, pid, pid_file_pid, leftovers, conflict)
-    return DaemonState(False, None, pid_file_pid, leftovers)
+    evidence = []
+    if pid in holders:
+        evidence.append('holds %s' % os.path.join(paths.pipe_dir, LOCK_FILE))
+    if pid == pid_file_pid:
+        evidence.append('is named by %s' % os.path.join(paths.pipe_dir, PID_FILE))
+    conflict = ('process %d %s, but %s does not exist: the evidence disagrees (a daemon still starting, one that failed to '
+                'bind its socket, or a socket removed under a live daemon), so nothing was cleaned, stopped, started or '
+                'reset; find out what pid %d is doing (see %s) and stop it, then run again' % (
+                    pid, ' and '.join(evidence), paths.control_socket, pid, os.path.join(paths.log_dir, 'control.log')))
+    return DaemonState(False, pid, pid_file_pid, leftovers, conflict)
 
 
 def _serves(pid: int, pipe_dir: str) -> t.Optional[bool]:

@@ -78,28 +78,64 @@ def test_a_listening_control_socket_and_a_held_lock_mean_a_running_daemon_named_
     assert {'control', _liveness.PID_FILE} <= set(state.leftovers)
 
 
-def test_a_daemon_whose_lock_does_not_show_in_proc_locks_is_running_when_its_socket_answers(paths):
+def test_a_daemon_whose_lock_does_not_show_in_proc_locks_is_running_by_its_pid_file_and_process(paths):
+    """An OFD lock (pid -1) or a hidden one: the pid file's process decides, when it is a daemon of this pipe directory."""
+    lock_path = os.path.join(paths.pipe_dir, 'control_lock')
+    open(lock_path, 'w').close()
+    # A stand-in daemon: it has control_lock open and this pipe directory in its environment, and holds no lock.
+    proc = subprocess.Popen([sys.executable, '-c', 'import sys, time; handle = open(sys.argv[1]); print("up", flush=True); '  # pylint: disable=consider-using-with
+                             'time.sleep(60)', lock_path], env=dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=paths.pipe_dir),
+                            stdout=subprocess.PIPE, text=True)
     sock = _listen(paths.control_socket)
     try:
-        open(os.path.join(paths.pipe_dir, 'control_lock'), 'w').close()
-        assert _proc.lock_holders(os.path.join(paths.pipe_dir, 'control_lock')) == []
+        assert proc.stdout.readline().strip() == 'up'
+        assert _proc.lock_holders(lock_path) == []
+        with open(os.path.join(paths.pipe_dir, _liveness.PID_FILE), 'w') as handle:
+            handle.write(str(proc.pid))
         state = _liveness.inspect(paths)
-        assert state.running and not state.stale and state.conflict is None
+        assert state.running and state.pid == proc.pid and not state.stale and state.conflict is None
+        # A pid file naming an unrelated live process (a reused pid) is stale, whatever listens on the socket.
+        with open(os.path.join(paths.pipe_dir, _liveness.PID_FILE), 'w') as handle:
+            handle.write(str(os.getpid()))
+        state = _liveness.inspect(paths)
+        assert not state.running and state.stale and state.pid is None
+    finally:
+        sock.close()
+        proc.kill()
+        proc.wait()
+
+
+def test_the_socket_is_never_connected_to_and_never_decides(paths, monkeypatch):
+    """Each connection is a line in the real daemon's control.log: inspect only looks at the socket file."""
+    def refuse(*_args, **_kwargs):
+        raise AssertionError('inspect connected to the control socket')
+    monkeypatch.setattr(_liveness, 'socket_answers', refuse)
+    sock = _listen(paths.control_socket)  # somebody listens, but no lock and no pid file: no daemon of ours
+    try:
+        state = _liveness.inspect(paths)
+        assert not state.running and state.pid is None
+        lock = _hold_lock(paths)
+        try:
+            state = _liveness.inspect(paths)
+            assert state.running and state.pid == os.getpid()
+        finally:
+            os.close(lock)
     finally:
         sock.close()
 
 
-def test_a_lock_holder_without_an_answering_socket_is_a_conflict_never_stale(paths):
+def test_a_lock_holder_whose_socket_file_is_gone_is_a_conflict_never_stale(paths):
     lock = _hold_lock(paths)
     try:
-        for refusing in (False, True):
-            if refusing:  # a socket file nobody listens on
-                _listen(paths.control_socket).close()
-            state = _liveness.inspect(paths)
-            assert not state.running and not state.stale and state.label == 'unknown'
-            assert state.pid == os.getpid()
-            assert 'process %d holds' % os.getpid() in state.conflict and 'nothing was cleaned' in state.conflict
-            assert ('refuses connections' if refusing else 'does not exist') in state.conflict
+        state = _liveness.inspect(paths)
+        assert not state.running and not state.stale and state.label == 'unknown'
+        assert state.pid == os.getpid()
+        assert 'process %d holds' % os.getpid() in state.conflict and 'nothing was cleaned' in state.conflict
+        assert 'does not exist' in state.conflict
+        # The socket file back (nobody is asked whether it listens): the lock decides, the daemon runs.
+        _listen(paths.control_socket).close()
+        state = _liveness.inspect(paths)
+        assert state.running and state.conflict is None
     finally:
         os.close(lock)
 
