@@ -202,6 +202,7 @@ class HostManager:
         seen = observe(res.setup.paths for res in listed + removed)
         for res in listed + removed:
             res.seen = seen[res.name]
+
         def context(**values: t.Any) -> HostContext:
             """What every resource's manager is told by this plan (the one observation, the one /proc scan...)."""
             return HostContext(ignore, would_remove, ending_pids=ending, foreign_scan=self._scan, **values)

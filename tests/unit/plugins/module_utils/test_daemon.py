@@ -83,9 +83,9 @@ def test_a_daemon_whose_lock_does_not_show_in_proc_locks_is_running_by_its_pid_f
     lock_path = os.path.join(paths.pipe_dir, 'control_lock')
     open(lock_path, 'w').close()
     # A stand-in daemon: it has control_lock open and this pipe directory in its environment, and holds no lock.
-    proc = subprocess.Popen([sys.executable, '-c', 'import sys, time; handle = open(sys.argv[1]); print("up", flush=True); '  # pylint: disable=consider-using-with
-                             'time.sleep(60)', lock_path], env=dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=paths.pipe_dir),
-                            stdout=subprocess.PIPE, text=True)
+    script = 'import sys, time; handle = open(sys.argv[1]); print("up", flush=True); time.sleep(60)'
+    proc = subprocess.Popen([sys.executable, '-c', script, lock_path],  # pylint: disable=consider-using-with
+                            env=dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=paths.pipe_dir), stdout=subprocess.PIPE, text=True)
     sock = _listen(paths.control_socket)
     try:
         assert proc.stdout.readline().strip() == 'up'
