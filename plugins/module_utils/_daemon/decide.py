@@ -14,6 +14,7 @@ from __future__ import annotations
 import typing as t
 from dataclasses import dataclass, field
 
+from .._gpus import Gpu
 from .._resource.record import StartRecord
 from .._supervisor.liveness import DaemonState
 from .._supervisor.unit import RESTART_ENV
@@ -102,3 +103,35 @@ def decide_run(state: str, current: DaemonState, differences: t.Sequence[str], r
     if current.stale:
         return 'recover', 'it had died and left files behind (%s)' % ', '.join(current.leftovers)
     return 'start', 'not running'
+
+
+def compute_mode_changes(devices: t.Sequence[Gpu], mode: str) -> t.List[Gpu]:
+    """The GPUs of ``devices`` whose compute mode must become ``mode`` (``unchanged``: none).
+
+    NVML has no compute mode for a MIG device, nor for a GPU in MIG mode (one whose MIG mode was enabled under a running
+    daemon: it is given back as it is); a GPU already in ``mode`` is no change.
+    """
+    if mode == 'unchanged':
+        return []
+    return [gpu for gpu in devices if not (gpu.is_mig or gpu.mig_enabled) and gpu.compute_mode != mode]
+
+
+def releasable(gpus: t.Sequence[Gpu], dropped: t.Collection[str], still_used: t.Collection[str], keep: t.Collection[str],
+               claims: t.Mapping[str, t.Any]) -> t.Tuple[t.List[Gpu], t.List[str]]:
+    """Of the ``dropped`` GPUs, those whose compute mode may go back to DEFAULT, and what is said of the others.
+
+    Not one that another resource of the root still uses (``still_used``), that the same host plan keeps in MPS use
+    (``keep``: a GPU moving to another resource), or that an MPS control daemon of another root or tool serves
+    (``claims``: UUID -> that daemon, named in a warning when the GPU is not in DEFAULT).
+    """
+    given, warnings = [], []
+    for gpu in gpus:
+        if gpu.uuid not in dropped or gpu.uuid in still_used or gpu.uuid in keep:
+            continue
+        if gpu.uuid in claims:
+            if gpu.compute_mode != 'default':
+                warnings.append('GPU %d (%s) keeps compute mode %s: another MPS control daemon serves it, %s' % (
+                    gpu.index, gpu.uuid, gpu.compute_mode.upper(), claims[gpu.uuid].describe()))
+            continue
+        given.append(gpu)
+    return given, warnings

@@ -12,6 +12,7 @@ from .._observe.scan import ForeignDaemon, foreign_daemons, gpu_claims, live_dae
 from .._outcome import Outcome
 from .._resource.record import StartRecord
 from .._selectors import resolve_devices
+from .decide import compute_mode_changes, releasable
 from .model import DaemonOutcome, Wanted
 
 
@@ -137,17 +138,10 @@ class DeviceChoice:
             out.warnings.append(what)
 
     def _set_compute_modes(self, devices: t.Sequence[Gpu], mode: str, out: Outcome) -> None:
-        if mode == 'unchanged':
-            return
-        for gpu in devices:
-            if gpu.is_mig or gpu.mig_enabled:
-                # NVML has no compute mode for a MIG device (wanted() says so in the diff), nor for a GPU in MIG mode (one
-                # whose MIG mode was enabled under a running daemon: it is given back as it is).
-                continue
-            if gpu.compute_mode != mode:
-                change = out.act('set compute mode %s on GPU %d (%s)' % (mode.upper(), gpu.index, gpu.uuid),
-                                 lambda gpu=gpu: self.nvml.set_compute_mode(gpu, mode))
-                change.undo = lambda gpu=gpu, was=gpu.compute_mode: self.nvml.set_compute_mode(gpu, was)
+        for gpu in compute_mode_changes(devices, mode):
+            change = out.act('set compute mode %s on GPU %d (%s)' % (mode.upper(), gpu.index, gpu.uuid),
+                             lambda gpu=gpu: self.nvml.set_compute_mode(gpu, mode))
+            change.undo = lambda gpu=gpu, was=gpu.compute_mode: self.nvml.set_compute_mode(gpu, was)
 
     def _release_dropped(self, wanted: Wanted, record: t.Optional[StartRecord], out: Outcome) -> None:
         """After a restart on fewer GPUs, give the dropped ones back to non-MPS users."""
@@ -158,16 +152,7 @@ class DeviceChoice:
 
     def _releasable(self, uuids: t.Set[str], out: Outcome) -> t.List[Gpu]:
         """The GPUs of ``uuids`` whose compute mode may go back to DEFAULT: no other MPS daemon serves them."""
-        still_used = set(self.owned_elsewhere())
-        claims = self.foreign()[0]
-        gpus = []
-        for gpu in self.nvml.gpus():
-            if gpu.uuid not in uuids or gpu.uuid in still_used or gpu.uuid in self.keep_modes:
-                continue
-            if gpu.uuid in claims:
-                if gpu.compute_mode != 'default':
-                    out.warnings.append('GPU %d (%s) keeps compute mode %s: another MPS control daemon serves it, %s' % (
-                        gpu.index, gpu.uuid, gpu.compute_mode.upper(), claims[gpu.uuid].describe()))
-                continue
-            gpus.append(gpu)
+        # Observed (the other resources' records, the /proc scan, NVML), then decided (.decide, no I/O).
+        gpus, warnings = releasable(self.nvml.gpus(), uuids, set(self.owned_elsewhere()), self.keep_modes, self.foreign()[0])
+        out.warnings.extend(warnings)
         return gpus

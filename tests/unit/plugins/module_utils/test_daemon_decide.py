@@ -9,9 +9,12 @@ import pytest
 from ansible_collections.gpufleet.mps.plugins.module_utils._daemon.decide import (
     DaemonSeen,
     WantedDaemon,
+    compute_mode_changes,
     daemon_differences,
     decide_run,
+    releasable,
 )
+from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import Gpu, MigDevice
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource.record import StartRecord
 from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.liveness import DaemonState
 
@@ -71,3 +74,36 @@ def test_state_restarted_restarts_an_unchanged_daemon_and_says_why():
     assert decide_run('restarted', RUNNING, []) == ('restart', 'state=restarted')
     assert decide_run('restarted', RUNNING, [], 'a pinned limit to drop') == ('restart', 'a pinned limit to drop')
     assert decide_run('restarted', STOPPED, []) == ('start', 'not running')
+
+
+# --- compute modes, decided once per GPU -------------------------------------------------------------------------
+def _gpu(index, mode='default', mig=False):
+    return Gpu(index, 'GPU-%d' % index, 'NVIDIA H100', 81559, (9, 0), mode, mig, mig, True)
+
+
+MIG = MigDevice(1, 'MIG-1', 'NVIDIA H100 MIG 1g.10gb', 9856, (9, 0), 'default', None, None, None, parent_uuid='GPU-1')
+
+
+@pytest.mark.parametrize('devices, mode, changed', [
+    ([_gpu(0), _gpu(1, 'exclusive_process')], 'exclusive_process', [0]),
+    ([_gpu(0), _gpu(1)], 'unchanged', []),
+    ([_gpu(0, 'exclusive_process')], 'default', [0]),
+    ([_gpu(0, mig=True), MIG], 'exclusive_process', []),  # NVML has no compute mode for either
+], ids=['only what differs', 'unchanged', 'back to default', 'MIG'])
+def test_compute_mode_changes_table(devices, mode, changed):
+    assert [gpu.index for gpu in compute_mode_changes(devices, mode)] == changed
+
+
+class _Foreign:
+    @staticmethod
+    def describe():
+        return 'pid 7 (pipe directory /tmp/nvidia-mps, uid 0)'
+
+
+def test_releasable_gives_back_only_what_nobody_else_serves():
+    gpus = [_gpu(0, 'exclusive_process'), _gpu(1, 'exclusive_process'), _gpu(2, 'exclusive_process'),
+            _gpu(3, 'exclusive_process'), _gpu(4, 'exclusive_process')]
+    dropped = {'GPU-0', 'GPU-1', 'GPU-2', 'GPU-3'}
+    given, warnings = releasable(gpus, dropped, still_used={'GPU-1'}, keep={'GPU-2'}, claims={'GPU-3': _Foreign()})
+    assert [gpu.index for gpu in given] == [0]  # 1: another resource, 2: moving in this plan, 3: a foreign daemon, 4: kept
+    assert len(warnings) == 1 and 'GPU 3 (GPU-3) keeps compute mode EXCLUSIVE_PROCESS' in warnings[0] and 'pid 7' in warnings[0]
