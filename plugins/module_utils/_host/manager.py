@@ -74,7 +74,8 @@ class HostOutcome(Outcome):
             change.resource = change.resource or name
         self.actions.extend('%s: %s' % (name, action) for action in out.actions)
         self.changes.extend(out.changes)
-        self.warnings.extend(out.warnings)
+        # Said once: several removed resources each find the same root or config directory kept, for the same reason.
+        self.warnings.extend(warning for warning in out.warnings if warning not in self.warnings)
         self.steps.extend(out.steps)
 
 

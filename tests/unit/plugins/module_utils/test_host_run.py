@@ -490,3 +490,14 @@ def test_a_no_op_observes_each_resource_once(host, monkeypatch):
         assert sorted(calls['inspect']) == ['infer', 'train'], (check, calls)
         assert sorted(calls['read_record']) == ['infer', 'train'], (check, calls)
         assert len(calls['control_daemons']) == 1, (check, calls)  # one /proc scan for the whole host
+
+
+def test_a_teardown_says_once_what_it_kept(host):
+    """Each removed resource finds the same foreign file in the root: the host's run says it once."""
+    host.run([{'name': 'train', 'devices': [0]}, {'name': 'infer', 'devices': [1]}])
+    with open(os.path.join(host.root, 'other-tool.state'), 'w') as handle:
+        handle.write('theirs\n')
+    out = host.run([], state='absent')
+    kept = [warning for warning in out.warnings if warning.startswith('state=absent kept %s:' % host.root)]
+    assert len(kept) == 1, out.warnings
+    assert os.path.exists(os.path.join(host.root, 'other-tool.state'))
