@@ -24,7 +24,11 @@ def read_text(path: str) -> t.Optional[str]:
 
 def read_json(path: str) -> t.Optional[t.Any]:
     """The parsed JSON document, or None when the file is missing or not valid JSON."""
-    text = read_text(path)
+    return parse_json(read_text(path))
+
+
+def parse_json(text: t.Optional[str]) -> t.Optional[t.Any]:
+    """The parsed JSON document of ``text``, or None when there is none or it is not valid JSON."""
     if text is None:
         return None
     try:
@@ -148,13 +152,17 @@ def refuse_unsafe_dirs(dirs: t.Sequence[t.Tuple[str, str]]) -> None:
                 param, path, stat.S_IMODE(st.st_mode)), path=path, param=param)
 
 
-def restorer(path: str) -> t.Callable[[], None]:
-    """Read ``path`` now; the function returned puts that content (and mode) back, or removes a file that was not there."""
-    text = read_text(path)
-    try:
-        mode = stat.S_IMODE(os.stat(path).st_mode)
-    except OSError:
-        mode = 0o644
+def restorer(path: str, observed: t.Optional[t.Tuple[t.Optional[str], t.Optional[int]]] = None) -> t.Callable[[], None]:
+    """Read ``path`` now (or take its ``observed`` text and mode); the function returned puts that content (and mode)
+    back, or removes a file that was not there."""
+    if observed is not None:
+        text, mode = observed[0], observed[1] if observed[1] is not None else 0o644
+    else:
+        text = read_text(path)
+        try:
+            mode = stat.S_IMODE(os.stat(path).st_mode)
+        except OSError:
+            mode = 0o644
 
     def restore() -> None:
         if text is None:

@@ -24,8 +24,18 @@ def pid_alive(pid: int) -> bool:
     return not is_zombie(pid)
 
 
-def lock_holders(path: str, proc_locks: str = '/proc/locks') -> t.Optional[t.List[int]]:
-    """Pids holding a lock on ``path`` per ``/proc/locks``; [] for none; None when unknowable."""
+def read_locks(proc_locks: str = '/proc/locks') -> t.Optional[t.List[str]]:
+    """The kernel's table of file locks, a line each; None when it cannot be read."""
+    try:
+        with open(proc_locks, encoding='ascii', errors='replace') as handle:
+            return handle.read().splitlines()
+    except OSError:
+        return None
+
+
+def lock_holders(path: str, proc_locks: str = '/proc/locks', lines: t.Optional[t.List[str]] = None) -> t.Optional[t.List[int]]:
+    """Pids holding a lock on ``path`` per ``/proc/locks`` (or its ``lines``, read once for many files: :func:`read_locks`);
+    [] for none; None when unknowable."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -33,11 +43,10 @@ def lock_holders(path: str, proc_locks: str = '/proc/locks') -> t.Optional[t.Lis
     except OSError:
         return None
     wanted = '%02x:%02x:%d' % (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
-    try:
-        with open(proc_locks, encoding='ascii', errors='replace') as handle:
-            lines = handle.read().splitlines()
-    except OSError:
-        return None
+    if lines is None:
+        lines = read_locks(proc_locks)
+        if lines is None:
+            return None
     holders = []
     for line in lines:
         fields = line.split()

@@ -126,6 +126,14 @@ class ShmManager:
         # The caller stops every daemon of the root before the unmount (mps_host state=absent): its plan does not
         # refuse for them; the run itself checks again once they are stopped.
         self.daemons_stop_first = False
+        # Where the plan reads the host from: a host plan's observation (mps_host) or the host itself.
+        self.read_file: t.Callable[[str], t.Optional[str]] = read_text
+        self.list_dir: t.Callable[[str], t.List[str]] = os.listdir
+        self.mountinfo: t.Optional[str] = None  # /proc/self/mountinfo as observed (None: read it)
+
+    def observed_files(self) -> t.List[str]:
+        """What its plan compares: the fstab and the mount unit (a host plan observes them first)."""
+        return [self.fstab, self.unit_path]
 
     @classmethod
     def for_host(cls, root: str, state: str, persist: str, fstab: str, unit_dir: str, check_mode: bool, selinux_type: t.Any,
@@ -145,8 +153,8 @@ class ShmManager:
                    systemctl=systemctl, selinux_type=validate_selinux_type(selinux_type))
 
     def _persisted(self) -> t.Dict[str, t.Any]:
-        fstab = read_text(self.fstab) or ''
-        return {'fstab': bool(fstab_entries(fstab, self.path)), 'unit': os.path.exists(self.unit_path)}
+        fstab = self.read_file(self.fstab) or ''
+        return {'fstab': bool(fstab_entries(fstab, self.path)), 'unit': self.read_file(self.unit_path) is not None}
 
     def daemons_using(self) -> t.List[str]:
         """Running daemons under the root whose /dev/shm is this tmpfs, as their own mount namespace shows it.
@@ -183,7 +191,7 @@ class ShmManager:
         if kib is not None and self.persist == 'systemd':
             check_unit_path(self.path, 'root')
         out = ShmOutcome()
-        current = current_state(self.path, self.pages)
+        current = current_state(self.path, self.pages, mountinfo=self.mountinfo)
         users = self.daemons_using() if state == 'absent' and current.mounted and not self.daemons_stop_first else []
         if users:
             # The host's unmount would succeed and leave those daemons with a detached tmpfs that no new
@@ -213,7 +221,7 @@ class ShmManager:
         if current.mounted:
             # What lies under the tmpfs is only seen once it is unmounted.
             out.act('remove directory %s (when it is empty after the unmount)' % self.path, self._rmdir_if_empty)
-        elif not os.listdir(self.path):
+        elif not self.list_dir(self.path):
             out.act('remove directory %s' % self.path, lambda: os.rmdir(self.path))
 
     def _rmdir_if_empty(self) -> None:
@@ -248,7 +256,7 @@ class ShmManager:
 
     def _persist(self, kib: t.Optional[int], out: ShmOutcome) -> None:
         """One persistence mechanism (or none): the other is removed, so two never fight at boot."""
-        fstab = read_text(self.fstab)
+        fstab = self.read_file(self.fstab)
         wanted_line = fstab_line(self.path, kib) if kib is not None and self.persist == 'fstab' else None
         if fstab is not None or wanted_line is not None:
             new = fstab_edit(fstab or '', self.path, wanted_line)
@@ -257,7 +265,7 @@ class ShmManager:
                 out.act('%s %s in %s' % ('write the entry for' if wanted_line else 'remove the entry for', self.path, self.fstab),
                         lambda: atomic_write(self.fstab, new, mode))
         unit = render_mount_unit(self.path, kib) if kib is not None and self.persist == 'systemd' else None
-        existing = read_text(self.unit_path)
+        existing = self.read_file(self.unit_path)
         if unit is not None and existing != unit:
             out.act('write %s' % self.unit_path, lambda: (
                 ensure_dir(os.path.dirname(self.unit_path), 0o755), atomic_write(self.unit_path, unit, 0o644)))

@@ -78,12 +78,12 @@ class Absent:
         ours: t.Set[str] = set()
         # Every resource of the root, one whose logs alone are left (pruned, logs kept) included, at both levels
         # of a nested name (example.com/infer): its directory is this collection's, not a foreign file.
-        for name in scan_resources(self.paths.root, with_logs=True):
+        for name in scan_resources(self.paths.root, with_logs=True, listdir=self._listdir):
             ours.add(os.path.join(self.paths.root, name.split('/')[0]))
             ours.add(os.path.join(self.paths.root, name))
         ours |= {os.path.join(self.paths.root, SHM_DIR), os.path.join(self.paths.root, '.ready'), self.paths.log_dir}
         ours |= {os.path.join(self.paths.resource_dir, name) for name in ('pipe', RESOURCE_LOCK)}
-        for name in scan_config(self.config.config_dir):
+        for name in scan_config(self.config.config_dir, self._listdir):
             other = config_paths(self.config.config_dir, name)
             ours |= {other.env_file, other.limits_file, other.limits_json, other.limits_env}
         checked = [self.paths.pipe_dir, self.paths.resource_dir]
@@ -97,7 +97,7 @@ class Absent:
             if directory in gone or not os.path.isdir(directory) or os.path.ismount(directory):
                 continue
             try:
-                entries = sorted(os.listdir(directory))
+                entries = sorted(self._listdir(directory))
             except OSError:
                 continue
             foreign = [name for name in entries
@@ -107,10 +107,15 @@ class Absent:
                 out.warnings.append('state=absent kept %s: it holds what this collection did not create (%s%s)' % (
                     directory, ', '.join(foreign[:5]), ', ...' if len(foreign) > 5 else ''))
 
+    def _listdir(self, path: str) -> t.List[str]:
+        """A directory's entries, as the host plan observed them (else read now)."""
+        seen = self.host.host_seen
+        return seen.listdir(path) if seen is not None else os.listdir(path)
+
     def _other_instances(self) -> bool:
         """Another resource of this config directory still has an environment file: the template unit stays."""
         try:
-            names = os.listdir(self.config.config_dir)
+            names = self._listdir(self.config.config_dir)
         except OSError:
             return False
         gone = set(self._would_remove)
@@ -123,7 +128,7 @@ class Absent:
             return False
         if os.path.isdir(path) and not os.path.islink(path):
             gone = set(self._would_remove)
-            if os.path.ismount(path) or any(os.path.join(path, name) not in gone for name in os.listdir(path)):
+            if os.path.ismount(path) or any(os.path.join(path, name) not in gone for name in self._listdir(path)):
                 return False  # a mount point is not the collection's to remove, nor a directory with others' files
             out.act('remove directory %s' % path, lambda: _rmdir_if_empty(path))
         else:

@@ -84,10 +84,13 @@ class DaemonActions:
             planned = self.host.limits
             if planned is None or planned.empty:
                 return []
-            if self.host.limits_replay_for != uuids and write_replay(self.config, planned, uuids, check_mode=True):
+            seen = self.host.host_seen  # the files as the host plan observed them
+            reader = seen.text if seen is not None else None
+            if self.host.limits_replay_for != uuids and write_replay(self.config, planned, uuids, check_mode=True, reader=reader):
                 change = out.act('write %s for the new device order' % self.config.limits_file, lambda: (
                     ensure_dir(self.config.config_dir, 0o755), write_replay(self.config, planned, uuids, check_mode=False)))
-                change.undo = restorer(self.config.limits_file)
+                change.undo = restorer(self.config.limits_file, (seen.text(self.config.limits_file), seen.mode(
+                    self.config.limits_file)) if seen is not None else None)
             return planned.commands(uuids)
         limits = read_persisted(self.config)
         if limits is None:

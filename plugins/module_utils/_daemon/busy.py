@@ -9,7 +9,8 @@ import typing as t
 
 from .._errors import MpsError
 from .._outcome import Outcome
-from .._proc import child_pids, process_uid
+from .._observe.snapshot import clients_of
+from .._proc import child_pids
 from .._protocol.state import read_state
 from .._supervisor.liveness import DaemonState
 from .model import DaemonOutcome
@@ -21,14 +22,19 @@ class BusyClients:
     """Of :class:`ResourceManager`: the clients of a daemon that a run stops."""
 
     def connected_clients(self, pid: t.Optional[int]) -> t.List[t.Dict[str, t.Any]]:
-        """The clients of the daemon's servers, as the daemon lists them (one UI process)."""
-        readout = read_state(self.daemon.query, 0, child_pids(pid) if pid else [])
-        return [{'pid': client, 'uid': process_uid(client), 'server': server.pid}
-                for server in readout.servers for client in server.clients]
+        """The clients of the daemon's servers, as the daemon lists them now (one UI process)."""
+        return clients_of(read_state(self.daemon.query, 0, child_pids(pid) if pid else []))
+
+    def observed_clients(self, pid: t.Optional[int]) -> t.List[t.Dict[str, t.Any]]:
+        """The clients as the host plan observed them, when it did; else as the daemon lists them now."""
+        seen = self.host.host_seen
+        if seen is not None and seen.clients.get(self.paths.name, (None,))[0] == pid:
+            return list(seen.clients[self.paths.name][1])
+        return self.connected_clients(pid)
 
     def _plan_busy(self, current: DaemonState, out: Outcome, change: str) -> None:
         """Connected clients would be ended by this stop: refuse (the default), wait for them, or go on and end them."""
-        clients = self.connected_clients(current.pid)
+        clients = self.observed_clients(current.pid)
         if not clients:
             return
         if isinstance(out, DaemonOutcome):

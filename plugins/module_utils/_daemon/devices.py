@@ -22,7 +22,8 @@ class DeviceChoice:
     def owned_elsewhere(self) -> t.Dict[str, str]:
         """UUID -> resource, for GPUs of the other live daemons under the same root."""
         # The resources a host plan decides itself (ignore_owners) are not even read.
-        others = live_daemons(self.paths.root, exclude=self.ignore_owners | {self.paths.name})
+        exclude = self.ignore_owners | {self.paths.name}
+        others = self.host.host_seen.live(exclude) if self.host.host_seen is not None else live_daemons(self.paths.root, exclude)
         return {uuid: names[0] for uuid, names in gpu_claims({name: found[1] for name, found in others.items()}).items()}
 
     def foreign(self) -> t.Tuple[t.Dict[str, ForeignDaemon], t.List[ForeignDaemon]]:

@@ -26,7 +26,9 @@ class Differences:
     def _seen(self, wanted: WantedDaemon, current: DaemonState, record: t.Optional[StartRecord]) -> DaemonSeen:
         """Read what the decision needs, and only that: the environment file and the unit under systemd, /dev/shm of a
         running daemon, the unit's activity only when the record is missing and the environment file is as wanted."""
-        env = parse_env(read_text(self.config.env_file) or '') if wanted.supervisor == 'systemd' else {}
+        seen_host = self.host.host_seen  # the file as a host plan observed it
+        text = seen_host.text(self.config.env_file) if seen_host is not None else read_text(self.config.env_file)
+        env = parse_env(text or '') if wanted.supervisor == 'systemd' else {}
         dev_shm = daemon_dev_shm(current.pid, self.paths.shm_dir) if current.running and current.pid else None
         seen = DaemonSeen(current, record, env, None, dev_shm)
         if (current.running and record is None and wanted.supervisor == 'systemd' and self.systemctl is not None

@@ -58,6 +58,8 @@ class HostContext:
     # The host's one scan of its control daemons outside the root, and the root's orphans (_observe.scan.foreign_daemons
     # with own_pipe_dir None): every resource of the plan reads it instead of scanning /proc again. None: scan here.
     foreign_scan: t.Optional[t.Callable[[], t.Tuple[t.List[t.Any], t.List[t.Any]]]] = None
+    # The host plan's whole observation (_observe.snapshot.HostSeen): the root's other resources are read from it.
+    host_seen: t.Optional[t.Any] = None
 
 
 @dataclass

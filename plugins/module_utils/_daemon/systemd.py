@@ -41,6 +41,10 @@ class SystemdUnit:
         return os.path.join(self.unit_dir, '%s.d' % self.unit, PIDFILE_DROPIN)
 
     # --- systemd files ---------------------------------------------------------------------------
+    def unit_files(self) -> t.List[str]:
+        """The unit files a plan compares (the environment file aside): a host plan observes them first."""
+        return [os.path.join(self.unit_dir, UNIT_NAME), self.dropin_path, self.foreground_dropin_path, self.pidfile_dropin_path]
+
     def _env_values(self, wanted: Wanted) -> t.Dict[str, str]:
         return unit_environment(self.paths, self.config, [gpu.uuid for gpu in wanted.devices], wanted.multiuser,
                                 wanted.compute_mode, self.daemon.binary, self.nvidia_smi, self.daemon.stop_timeout,
@@ -68,7 +72,8 @@ class SystemdUnit:
         unit_path = os.path.join(self.unit_dir, UNIT_NAME)
         reload_needed = False
         for path, content in self._systemd_files(wanted).items():
-            if read_text(path) == content:
+            seen = self.host.host_seen  # the files as a host plan observed them
+            if (seen.text(path) if seen is not None else read_text(path)) == content:
                 continue
             if content is None:
                 out.act('remove %s' % path, lambda path=path: remove(path))

@@ -12,6 +12,7 @@ import os
 import typing as t
 
 from .._io import atomic_write, ensure_dir, read_text, remove
+from .._observe.snapshot import HostSeen, file_mode
 from .._outcome import Outcome
 from .._supervisor.health import HEALTH_NAME, render_health
 from .._supervisor.logrotate import render_logrotate
@@ -23,16 +24,10 @@ LOGROTATE_FILE = 'gpufleet-mps'
 HEALTH_TIMER = HEALTH_NAME + '.timer'
 
 
-def file_mode(path: str) -> t.Optional[int]:
-    try:
-        return os.stat(path).st_mode & 0o7777
-    except OSError:
-        return None
-
-
-def plan_write(out: Outcome, path: str, text: str, mode: int, why: str) -> bool:
-    """Plan writing ``text`` to ``path`` unless it is there already, with ``mode``."""
-    if read_text(path) == text and file_mode(path) == mode:
+def plan_write(out: Outcome, path: str, text: str, mode: int, why: str, seen: t.Optional[HostSeen] = None) -> bool:
+    """Plan writing ``text`` to ``path`` unless it is there already, with ``mode`` (as ``seen`` observed it; None: now)."""
+    current = seen.text(path) if seen is not None else read_text(path)
+    if current == text and (seen.mode(path) if seen is not None else file_mode(path)) == mode:
         return False
     out.act('write %s' % path, lambda: (ensure_dir(os.path.dirname(path), 0o755), atomic_write(path, text, mode)), why)
     return True
@@ -56,6 +51,22 @@ class Around:
         self.unit_dir = unit_dir
         self.systemctl = systemctl
         self.ready_path = os.path.join(root, READY_FILE)
+        # The host plan's observation, which every file compared here is read from (None: read now).
+        self.seen: t.Optional[HostSeen] = None
+
+    def _health_files(self) -> t.Dict[str, str]:
+        p = self.params
+        return render_health(self.root, self.config_dir, self.unit_dir, p['health_interval'], p['health_timeout'])
+
+    def _drop_in(self) -> str:
+        return os.path.join(self.params['logrotate_dir'], LOGROTATE_FILE)
+
+    def _fact(self) -> t.Optional[str]:
+        return os.path.join(self.params['local_facts_dir'], FACT_FILE) if self.params['local_facts_dir'] else None
+
+    def observed_files(self) -> t.List[str]:
+        """Every file this plans a write of by comparing it with what is there: the host plan observes them first."""
+        return list(self._health_files()) + [self._drop_in()] + [path for path in [self._fact()] if path]
 
     def ready_exists(self) -> bool:
         """Observed: whether the ready mark is there now."""
@@ -76,7 +87,7 @@ class Around:
     def health(self, out: Outcome, wanted_here: bool) -> None:
         """The health timer that keeps the ready mark true between runs, where systemd supervises the daemons."""
         p = self.params
-        files = render_health(self.root, self.config_dir, self.unit_dir, p['health_interval'], p['health_timeout'])
+        files = self._health_files()
         timer = os.path.join(self.unit_dir, HEALTH_TIMER)
         systemctl = self.systemctl
         wanted = wanted_here and p['health_check'] and p['supervisor'] != 'none' and p['ready'] and systemctl is not None
@@ -84,7 +95,7 @@ class Around:
             written = False
             for path, text in files.items():
                 written = plan_write(out, path, text, 0o644 if path.startswith(self.unit_dir) else 0o755,
-                                     'the health check keeps %s true between runs' % self.ready_path) or written
+                                     'the health check keeps %s true between runs' % self.ready_path, self.seen) or written
             if written:
                 out.step(systemctl.daemon_reload)
             if written or not systemctl.is_enabled(HEALTH_TIMER):
@@ -101,18 +112,18 @@ class Around:
 
     def logrotate(self, out: Outcome, present: bool) -> None:
         p = self.params
-        drop_in = os.path.join(p['logrotate_dir'], LOGROTATE_FILE)
+        drop_in = self._drop_in()
         if present and p['logrotate'] and os.path.isdir(p['logrotate_dir']):
             plan_write(out, drop_in, render_logrotate(self.root, p['logrotate_size'], p['logrotate_rotate']), 0o644,
-                       'rotate the daemons\' logs (copytruncate)')
+                       'rotate the daemons\' logs (copytruncate)', self.seen)
         elif os.path.isdir(p['logrotate_dir']):
             plan_remove(out, drop_in, 'state=absent' if not present else 'logrotate=false')
 
     def local_facts(self, out: Outcome, text: t.Optional[str]) -> None:
         """``text`` is the facts file planned (None: no facts wanted)."""
         p = self.params
-        fact = os.path.join(p['local_facts_dir'], FACT_FILE) if p['local_facts_dir'] else None
+        fact = self._fact()
         if fact and text is not None:
-            plan_write(out, fact, text, 0o644, 'local facts for schedulers and later plays')
+            plan_write(out, fact, text, 0o644, 'local facts for schedulers and later plays', self.seen)
         elif fact:
             plan_remove(out, fact, 'state=absent' if p['state'] != 'present' else 'local_facts=false')

@@ -36,16 +36,16 @@ from .._errors import DaemonTimeoutError, InvalidParameterError, MpsError
 from .._gpus import Gpu, Nvml
 from .._io import ensure_dir, refuse_unsafe_dirs, remove
 from .._limits.manager import LimitsManager
-from .._observe.scan import foreign_daemons, scan_config, scan_resources
-from .._observe.snapshot import ResourceSeen, observe
+from .._observe.scan import scan_config, scan_resources
+from .._observe.snapshot import HostSeen, ResourceSeen, observe_host
 from .._outcome import Change, Outcome
 from .._resource.layout import validate_root
 from .._resource.lock import HostLock
-from .._proc import child_pids
+from .._proc import child_pids, read_mountinfo
 from .._supervisor.process import end_orphan
 from .._supervisor.logrotate import render_logrotate
-from .._supervisor.unit import UNIT_DIR, Systemctl, systemd_is_pid1
-from .around import READY_FILE, Around
+from .._supervisor.unit import UNIT_DIR, ObservedSystemctl, Systemctl, instance_unit, systemd_is_pid1
+from .around import HEALTH_TIMER, READY_FILE, Around
 from .decide import decide_ready, order_steps
 from .facts import facts_text, local_facts
 from .plan import ResourcePlan, plan_resources
@@ -111,7 +111,10 @@ class HostManager:
         systemctl_path = shutil.which('systemctl')
         self.systemctl = Systemctl(systemctl_path) if systemctl_path and systemd_is_pid1() else None
         self.around = Around(params, self.root, self.config_dir, unit_dir, self.systemctl)
-        self._scanned: t.Optional[t.Tuple[t.List[t.Any], t.List[t.Any]]] = None
+        # The run's one observation of the host (_observe.snapshot), made by plan() under the host lock.
+        self.seen: t.Optional[HostSeen] = None
+        self.shm: t.Optional[t.Any] = None  # the shared tmpfs's manager (_shm.ShmManager), reading from the observation
+        self._observed_units: t.List[ObservedSystemctl] = []
         # What the plan found worth saying without refusing (devices: all leaving out GPUs in MIG mode).
         self.plan_warnings: t.List[str] = []
 
@@ -192,21 +195,77 @@ class HostManager:
 
     def plan(self, listed: t.List[_Resource], removed: t.List[_Resource]) -> HostOutcome:
         """Every change of the run, in the order that always works; nothing is changed here."""
+        return self.decide(listed, removed, self.observe(listed, removed))
+
+    def observe(self, listed: t.List[_Resource], removed: t.List[_Resource]) -> HostSeen:
+        """The host read once: every resource, the /proc scan, the files the plan compares, each running daemon's limits."""
+        files = [path for res in listed + removed for path in (
+            res.setup.config.env_file, res.setup.config.limits_json, res.setup.config.limits_file, res.setup.config.limits_env)]
+        shm = self.shm = self._shm_manager()
+        files += shm.observed_files() if shm is not None else []
+        files += [path for res in listed + removed if res.setup.systemctl is not None
+                  for path in res.setup.manager(self.nvml, self.check_mode).unit_files()]
+        seen = self.seen = observe_host(self.root, (res.setup.paths for res in listed + removed), self.nvml.gpus(),
+                                        files + self.around.observed_files(), [self.config_dir] + ([shm.path] if shm else []))
+        self.around.seen = seen
+        if shm is not None:
+            shm.read_file, shm.list_dir, shm.mountinfo = seen.text, seen.listdir, read_mountinfo()
+        self._observe_units(listed + removed, seen)
+        for res in listed + removed:
+            res.seen = seen.resources[res.name]
+        for res in listed:
+            # The one control batch of each running daemon (defaults, servers, their limits and clients).
+            self._limits_manager(res, assume_stopped=False).observe()
+        if self.params['orphans'] == 'stop':
+            # The MPS servers of each orphaned daemon of the root (ending it ends them: busy decides).
+            seen.orphan_servers = {daemon.pid: child_pids(daemon.pid) for daemon in seen.daemons[0] if daemon.orphan}
+        for res in listed + removed:
+            # A daemon the plan stops or moves: its servers' clients, which busy decides about.
+            if res.seen.state.running and res.seen.state.pid and res.name not in seen.clients:
+                seen.read_daemon(res.name, res.setup.daemon.query, 0, res.seen.state.pid)
+                res.setup.daemon.answered = True
+        return seen
+
+    def _observe_units(self, resources: t.List[_Resource], seen: HostSeen) -> None:
+        """Where systemd runs: every resource's unit and the health timer, active and enabled, in ONE systemctl process;
+        while the plan is decided, the managers' systemctl answers from it."""
+        units = [instance_unit(res.setup.config.instance) for res in resources if res.setup.systemctl is not None]
+        real = self.systemctl or next((res.setup.systemctl for res in resources if res.setup.systemctl is not None), None)
+        if real is None:
+            return
+        units += [HEALTH_TIMER] if self.systemctl is not None else []
+        states = real.states(units)
+        for res in resources:
+            if res.setup.systemctl is not None and not isinstance(res.setup.systemctl, ObservedSystemctl):
+                res.setup.systemctl = ObservedSystemctl(res.setup.systemctl, states, seen.unobserved)
+        if self.systemctl is not None and not isinstance(self.around.systemctl, ObservedSystemctl):
+            self.around.systemctl = ObservedSystemctl(self.systemctl, states, seen.unobserved)
+        self._observed_units = [res.setup.systemctl for res in resources if isinstance(res.setup.systemctl, ObservedSystemctl)]
+        self._observed_units += [self.around.systemctl] if isinstance(self.around.systemctl, ObservedSystemctl) else []
+        for proxy in self._observed_units:
+            proxy.states, proxy.unobserved = states, seen.unobserved
+
+    def decide(self, listed: t.List[_Resource], removed: t.List[_Resource], seen: HostSeen) -> HostOutcome:
+        """The plan, from what :meth:`observe` saw (a unit test holds that nothing else is read here)."""
+        for proxy in self._observed_units:
+            proxy.deciding = True
+        try:
+            return self._decide(listed, removed, seen)
+        finally:
+            for proxy in self._observed_units:
+                proxy.deciding = False
+
+    def _decide(self, listed: t.List[_Resource], removed: t.List[_Resource], seen: HostSeen) -> HostOutcome:
         p = self.params
         absent = p['state'] == 'absent'
         ignore = frozenset(res.name for res in listed + removed)
         would_remove: t.List[str] = []
-        self._scanned = None  # observed again by a run that waited for another
-        orphans = self._orphans() if p['orphans'] == 'stop' else []
+        orphans = [daemon for daemon in seen.daemons[0] if daemon.orphan] if p['orphans'] == 'stop' else []
         ending = frozenset(daemon.pid for daemon in orphans)
-        # Observe: each resource read once; every part of the plan below decides from it.
-        seen = observe(res.setup.paths for res in listed + removed)
-        for res in listed + removed:
-            res.seen = seen[res.name]
 
         def context(**values: t.Any) -> HostContext:
             """What every resource's manager is told by this plan (the one observation, the one /proc scan...)."""
-            return HostContext(ignore, would_remove, ending_pids=ending, foreign_scan=self._scan, **values)
+            return HostContext(ignore, would_remove, ending_pids=ending, foreign_scan=lambda: seen.daemons, host_seen=seen, **values)
 
         # Whether each listed resource restarts: its limits and daemon planned against the host as it is.
         for res in listed:
@@ -271,21 +330,11 @@ class HostManager:
         return out
 
     # --- orphans -----------------------------------------------------------------------------------
-    def _orphans(self) -> t.List[t.Any]:
-        """The root's control daemons that no pipe directory leads to any more (one /proc scan; orphans=stop only)."""
-        return [daemon for daemon in self._scan()[0] if daemon.orphan]
-
-    def _scan(self) -> t.Tuple[t.List[t.Any], t.List[t.Any]]:
-        """The host's control daemons outside the root and the root's orphans: one /proc scan per run, on first use."""
-        if self._scanned is None:
-            self._scanned = foreign_daemons(None, self.nvml.gpus(), outside=self.root)
-        return self._scanned
-
     def _end_orphans(self, out: HostOutcome, orphans: t.Sequence[t.Any]) -> None:
         """orphans=stop: end each one first (TERM, then KILL), so that the resources can take its GPUs."""
         p = self.params
         for daemon in orphans:
-            servers = child_pids(daemon.pid)
+            servers = self.seen.orphan_servers.get(daemon.pid, []) if self.seen is not None else child_pids(daemon.pid)
             if servers and p['busy'] != 'terminate':
                 raise MpsError('orphans=stop: the orphaned MPS control daemon pid %d still has MPS server(s) %s, whose clients '
                                'cannot be listed (quit cannot reach it); ending it ends them: set busy=terminate to go on, '
@@ -302,16 +351,21 @@ class HostManager:
     def _planned_limits(res: _Resource) -> t.Dict[str, t.Any]:
         return dict(limits=res.limits.wanted, limits_replay_for=res.limits.replay_for, limits_planned=True)
 
-    def _limits(self, res: _Resource, assume_stopped: bool) -> t.Any:
+    def _limits_manager(self, res: _Resource, assume_stopped: bool) -> LimitsManager:
         plan = res.plan
         if plan is None:
             raise MpsError('internal error: limits of the removed resource %s were asked for' % res.name)
         running = not assume_stopped and res.seen is not None and res.seen.state.running
         manager = LimitsManager(res.setup.paths, res.setup.config, res.setup.daemon if running else None, self.nvml.gpus(),
-                                self.check_mode, seen=None if assume_stopped else res.seen)
+                                self.check_mode, seen=None if assume_stopped else res.seen, files=self.seen)
         manager.exact = True
         manager.planned = list(plan.devices)
         manager.assume_stopped = assume_stopped
+        return manager
+
+    def _limits(self, res: _Resource, assume_stopped: bool) -> t.Any:
+        plan = res.plan
+        manager = self._limits_manager(res, assume_stopped)
         out = manager.plan(plan.active_thread_percentage, plan.pinned_device_mem_limit, plan.replicas,
                            self.params['running_servers'])
         if out.pending and not assume_stopped:
@@ -330,21 +384,29 @@ class HostManager:
         return manager.plan(state, [gpu.uuid for gpu in res.plan.devices], res.plan.multiuser, p['compute_mode'], True,
                             p['shm'], foreground=p['foreground'])
 
-    def _shm(self, out: HostOutcome) -> None:
+    def _shm_manager(self) -> t.Optional[t.Any]:
+        """The shared tmpfs's manager, for a host with shm and for a teardown; None for neither."""
         p = self.params
         absent = p['state'] == 'absent'
         if not (p['shm'] or absent):
-            return
+            return None
         # Imported here: only hosts with shm, and teardowns, need it.
         from .._shm import ShmManager  # pylint: disable=import-outside-toplevel
         manager = ShmManager.for_host(self.root, 'absent' if absent else 'mounted', p['shm_persist'], '/etc/fstab', self.unit_dir,
                                       self.check_mode, p['selinux_type'], param='shm_persist')
+        # The plan stops every daemon of the root before the unmount.
+        manager.daemons_stop_first = absent
+        return manager
+
+    def _shm(self, out: HostOutcome) -> None:
+        manager = self.shm
+        if manager is None:
+            return
+        absent = self.params['state'] == 'absent'
         persisted = manager._persisted()
         if absent and not os.path.isdir(manager.given_path) and not persisted['fstab'] and not persisted['unit']:
             return
-        # The plan stops every daemon of the root before the unmount.
-        manager.daemons_stop_first = absent
-        out.take('shm', manager.plan('absent' if absent else 'mounted', p['shm_size']))
+        out.take('shm', manager.plan('absent' if absent else 'mounted', self.params['shm_size']))
 
     # --- after -------------------------------------------------------------------------------------
     def _check_healthy(self, listed: t.List[_Resource]) -> None:

@@ -68,7 +68,7 @@ class LimitsManager:
     """Limits of one resource."""
 
     def __init__(self, paths: ResourcePaths, config: ConfigPaths, daemon: t.Optional[Daemon], gpus: t.Sequence[Gpu],
-                 check_mode: bool, seen: t.Optional[t.Any] = None) -> None:
+                 check_mode: bool, seen: t.Optional[t.Any] = None, files: t.Optional[t.Any] = None) -> None:
         self.paths = paths
         self.config = config
         self.daemon = daemon
@@ -76,6 +76,9 @@ class LimitsManager:
         self.check_mode = check_mode
         # The host plan's one observation of the resource (_observe.snapshot.ResourceSeen); None: read it here.
         self.seen = seen
+        # Where the plan reads the persisted files: the host plan's observation (_observe.snapshot.HostSeen), or the disk.
+        self.host_seen = files
+        self.read_file: t.Callable[[str], t.Optional[str]] = files.text if files is not None else read_text
         self.order_known = False
         # Whether the daemon's GPUs are known: it runs, or was started (its record), or its environment file
         # names them. Not before the first start of a new resource - the role's order.
@@ -111,7 +114,7 @@ class LimitsManager:
         elif not state.running:
             # Stopped, but systemd starts it again from its environment file (after a crash, at boot) and replays
             # the commands file for that device order: keep the file right for it.
-            listed = parse_env(read_text(self.config.env_file) or '').get('CUDA_VISIBLE_DEVICES')
+            listed = parse_env(self.read_file(self.config.env_file) or '').get('CUDA_VISIBLE_DEVICES')
             uuids = listed.split(',') if listed else None
         if self.exact and self.planned is not None and uuids is not None and [gpu.uuid for gpu in self.planned] != list(uuids):
             self.order_known = self.scope_known = True
@@ -122,7 +125,7 @@ class LimitsManager:
         if uuids is None:
             if state.running:
                 return self._usable(), True, state.pid  # a daemon without CUDA_VISIBLE_DEVICES sees every GPU
-            if read_persisted(self.config) is None and not create:
+            if read_persisted(self.config, self.read_file) is None and not create:
                 raise MpsError('name: resource %r has no daemon under %s and no persisted limits in %s; start it with '
                                'gpufleet.mps.mps_daemon first, or set create=true to persist limits for its first start'
                                % (self.paths.name, self.paths.root, self.config.config_dir))
@@ -147,7 +150,7 @@ class LimitsManager:
         of the host could take it, so that a limit meant for the large GPUs of a mixed host is not refused for the
         small ones of another resource. The fleet role's pre-flight checks it against the resource's own GPUs.
         """
-        previous = Limits() if self.exact else read_persisted(self.config) or Limits()
+        previous = Limits() if self.exact else read_persisted(self.config, self.read_file) or Limits()
         limits = Limits(previous.active_thread_percentage, dict(previous.pinned_device_mem_limit), previous.replicas)
         unknown = not self.scope_known and bool(scope)
         if replicas is not None:
@@ -169,12 +172,29 @@ class LimitsManager:
 
     # --- read, compare, apply ---------------------------------------------------------------------
     def read(self, scope: t.Sequence[Gpu], pid: t.Optional[int]) -> t.Tuple[t.Optional[float], t.Dict[int, t.Optional[str]], t.List[ServerLimits]]:
-        """Defaults and every server's limits, in one UI process."""
-        daemon = self.daemon
-        if daemon is None:
-            raise MpsError('the control binary is needed to read the limits of a running daemon')
-        readout = read_state(daemon.query, len(scope), child_pids(pid) if pid else [])
-        daemon.answered = True  # the health question (the thread percentage) was part of it
+        """Defaults and every server's limits, in one UI process (a host plan's: read when it observed the host)."""
+        observed = self.host_seen.readouts if self.host_seen is not None else {}
+        readout = observed.get(self.paths.name)
+        if readout is None or readout[0] != (len(scope), pid):
+            daemon = self.daemon
+            if daemon is None:
+                raise MpsError('the control binary is needed to read the limits of a running daemon')
+            readout = ((len(scope), pid), read_state(daemon.query, len(scope), child_pids(pid) if pid else []))
+            daemon.answered = True  # the health question (the thread percentage) was part of it
+            if self.host_seen is not None:
+                self.host_seen.unobserved.append('the limits of %s' % self.paths.name)
+                observed[self.paths.name] = readout
+        return self._as_read(readout[1])
+
+    def observe(self) -> None:
+        """A host plan's observation of a running daemon's limits: read now, before anything is decided."""
+        scope, running, pid = self.scope(True)
+        if running and pid and self.daemon is not None and self.host_seen is not None:
+            self.host_seen.read_daemon(self.paths.name, self.daemon.query, len(scope), pid)
+            self.daemon.answered = True
+
+    @staticmethod
+    def _as_read(readout: t.Any) -> t.Tuple[t.Optional[float], t.Dict[int, t.Optional[str]], t.List[ServerLimits]]:
         servers = [ServerLimits(server.pid, server.active_thread_percentage, dict(enumerate(server.pinned_device_mem_limit)))
                    for server in readout.servers]
         return readout.default_percentage, dict(enumerate(readout.default_mem)), servers
@@ -213,7 +233,7 @@ class LimitsManager:
         """Read the daemon (one UI process) and the record, and plan every action; nothing is changed here."""
         scope, running, pid = self.scope(create)
         wanted = self.wanted(scope, percentage, mem, replicas)
-        persisted = read_persisted(self.config)
+        persisted = read_persisted(self.config, self.read_file)
         out = LimitsOutcome(running=running, wanted=wanted)
         out.limits = self._describe(wanted, scope)
         # Observed (one UI process for a running daemon), then decided by a pure function of it.
@@ -240,15 +260,15 @@ class LimitsManager:
         elif persist_limits:
             uuids = [g.uuid for g in scope]
             out.replay_for = uuids if self.order_known else None
-            if persist(self.config, wanted, check_mode=True):
+            if persist(self.config, wanted, check_mode=True, reader=self.read_file):
                 change = out.act('write %s' % self.config.limits_json, lambda: (
                     ensure_dir(self.config.config_dir, 0o755), persist(self.config, wanted, check_mode=False)))
-                change.undo = restorer(self.config.limits_json)
+                change.undo = restorer(self.config.limits_json, self._observed(self.config.limits_json))
                 out.persisted = True
-            if self.order_known and write_replay(self.config, wanted, uuids, check_mode=True):
+            if self.order_known and write_replay(self.config, wanted, uuids, check_mode=True, reader=self.read_file):
                 change = out.act('write %s' % self.config.limits_file, lambda: (
                     ensure_dir(self.config.config_dir, 0o755), write_replay(self.config, wanted, uuids, check_mode=False)))
-                change.undo = restorer(self.config.limits_file)
+                change.undo = restorer(self.config.limits_file, self._observed(self.config.limits_file))
                 out.persisted = True
         elif not running:
             out.warnings.append('persist=false and no daemon is running: nothing was done')
@@ -261,10 +281,14 @@ class LimitsManager:
         out.ui_processes = self.daemon.client.processes if self.daemon else 0
         return out
 
+    def _observed(self, path: str) -> t.Optional[t.Tuple[t.Optional[str], t.Optional[int]]]:
+        """The file as the host plan observed it (None: read it when asked)."""
+        return (self.host_seen.text(path), self.host_seen.mode(path)) if self.host_seen is not None else None
+
     def _forget(self, out: LimitsOutcome) -> None:
         """Exact mode without limits: the persisted files go, so that no start replays old limits."""
         for path in (self.config.limits_json, self.config.limits_file, self.config.limits_env):
-            if read_text(path) is not None:
+            if self.read_file(path) is not None:
                 out.act('remove %s' % path, lambda path=path: remove(path), 'the resource has no limits')
                 out.persisted = True
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import typing as t
 
 from .._errors import MpsError
-from .._io import atomic_write, read_json, read_text, remove
+from .._io import atomic_write, parse_json, read_text, remove
 from .._protocol.commands import REPLAYABLE, command
 from .._resource.layout import ConfigPaths
 from .._resource.store import start_environment
@@ -48,22 +48,29 @@ def persisted_facts(limits: t.Optional[Limits]) -> t.Optional[t.Dict[str, t.Any]
     }
 
 
-def read_persisted(config: ConfigPaths) -> t.Optional[Limits]:
-    """The persisted wanted limits, or None when there are none (or the file is unreadable)."""
-    return Limits.from_data(read_json(config.limits_json))
+Reader = t.Callable[[str], t.Optional[str]]
 
 
-def write_replay(config: ConfigPaths, limits: t.Optional[Limits], device_uuids: t.Sequence[str], check_mode: bool) -> bool:
+def read_persisted(config: ConfigPaths, reader: t.Optional[Reader] = None) -> t.Optional[Limits]:
+    """The persisted wanted limits, or None when there are none (or the file is unreadable).
+
+    ``reader``: where a plan reads files from (a host plan's observation, _observe.snapshot.HostSeen.text); None: the disk.
+    """
+    return Limits.from_data(parse_json((reader or read_text)(config.limits_json)))
+
+
+def write_replay(config: ConfigPaths, limits: t.Optional[Limits], device_uuids: t.Sequence[str], check_mode: bool,
+                 reader: t.Optional[Reader] = None) -> bool:
     """(Re)write the commands file for ``device_uuids`` and the start environment; remove each when empty."""
     cmds = limits.commands(device_uuids) if limits else []
     changed = False
     for path, text in ((config.limits_file, ''.join(cmd + '\n' for cmd in cmds)), (config.limits_env, start_env_text(cmds))):
-        changed = _write_or_remove(path, text, check_mode) or changed
+        changed = _write_or_remove(path, text, check_mode, reader) or changed
     return changed
 
 
-def _write_or_remove(path: str, text: str, check_mode: bool) -> bool:
-    current = read_text(path)
+def _write_or_remove(path: str, text: str, check_mode: bool, reader: t.Optional[Reader] = None) -> bool:
+    current = (reader or read_text)(path)
     if not text:
         if current is None:
             return False
@@ -77,10 +84,10 @@ def _write_or_remove(path: str, text: str, check_mode: bool) -> bool:
     return True
 
 
-def persist(config: ConfigPaths, limits: Limits, check_mode: bool) -> bool:
+def persist(config: ConfigPaths, limits: Limits, check_mode: bool, reader: t.Optional[Reader] = None) -> bool:
     """Write the wanted limits (JSON); True when the file changed (or would)."""
     text = limits.to_json()
-    if read_text(config.limits_json) == text:
+    if (reader or read_text)(config.limits_json) == text:
         return False
     if not check_mode:
         atomic_write(config.limits_json, text, 0o644)

@@ -17,12 +17,13 @@ from .._resource.record import StartRecord, read_record
 from .._selectors import visible_gpus
 
 
-def scan_resources(root: str, with_logs: bool = False) -> t.List[str]:
+def scan_resources(root: str, with_logs: bool = False, listdir: t.Callable[[str], t.List[str]] = os.listdir) -> t.List[str]:
     """Names of the resources under ``root`` that have a pipe directory or a ``.started`` record (or, ``with_logs``,
-    only their log directory left: a pruned resource's, which a teardown with its logs removes too)."""
+    only their log directory left: a pruned resource's, which a teardown with its logs removes too). ``listdir``: where
+    the directories are listed from (a host plan's observation)."""
     names = []
     try:
-        first = sorted(os.listdir(root))
+        first = sorted(listdir(root))
     except OSError:
         return names
     for top in first:
@@ -33,7 +34,7 @@ def scan_resources(root: str, with_logs: bool = False) -> t.List[str]:
             names.append(top)
             continue
         try:
-            second = sorted(os.listdir(top_dir))
+            second = sorted(listdir(top_dir))
         except OSError:
             continue
         for sub in second:
@@ -70,10 +71,10 @@ def resource_name(instance: str) -> t.Optional[str]:
 CONFIG_SUFFIXES = ('.env', '.limits.json', '.limits-env', '.limits')
 
 
-def scan_config(config_dir: str) -> t.List[str]:
+def scan_config(config_dir: str, listdir: t.Callable[[str], t.List[str]] = os.listdir) -> t.List[str]:
     """Names of the resources that have files of this collection in ``config_dir``."""
     try:
-        entries = os.listdir(config_dir)
+        entries = listdir(config_dir)
     except OSError:
         return []
     names = set()

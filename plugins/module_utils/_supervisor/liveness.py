@@ -91,7 +91,7 @@ def read_pid_file(pipe_dir: str) -> t.Optional[int]:
     return int(text) if text.isdigit() else None
 
 
-def inspect(paths: ResourcePaths) -> DaemonState:
+def inspect(paths: ResourcePaths, locks: t.Optional[t.List[str]] = None) -> DaemonState:
     """Find the daemon of ``paths`` without talking to it: its lock on ``control_lock`` and its process decide.
 
     A live process that holds a lock on ``control_lock`` runs it (the real r580 daemon holds a POSIX write lock that
@@ -100,13 +100,13 @@ def inspect(paths: ResourcePaths) -> DaemonState:
     pipe directory. The control socket is never connected to here: each connection is a line in the daemon's
     control.log, and the real daemon leaves its sockets and pid file behind after quit, TERM and kill -9 alike. A live
     daemon whose socket file is gone cannot be reached (quit included): that disagreement is reported, and nothing is
-    cleaned, stopped, started or reset.
+    cleaned, stopped, started or reset. ``locks``: ``/proc/locks`` as read once for several resources (None: read it).
     """
     pid_file_pid = read_pid_file(paths.pipe_dir)
     leftovers = [name for name in PIPE_DIR_FILES if os.path.lexists(os.path.join(paths.pipe_dir, name))]
     if os.path.exists(paths.started_file):
         leftovers.append(os.path.basename(paths.started_file))
-    holders = [pid for pid in lock_holders(os.path.join(paths.pipe_dir, LOCK_FILE)) or [] if pid > 0 and pid_alive(pid)]
+    holders = [pid for pid in lock_holders(os.path.join(paths.pipe_dir, LOCK_FILE), lines=locks) or [] if pid > 0 and pid_alive(pid)]
     pid: t.Optional[int] = None
     if pid_file_pid is not None and pid_alive(pid_file_pid) and (
             pid_file_pid in holders or _is_daemon_of(pid_file_pid, paths.pipe_dir)):

@@ -223,6 +223,11 @@ def systemd_is_pid1() -> bool:
     return os.path.isdir('/run/systemd/system')
 
 
+# The states for which systemctl is-active --quiet and is-enabled --quiet exit 0 (systemctl(1), "is-enabled" table).
+ACTIVE_STATES = frozenset(('active', 'reloading'))
+ENABLED_STATES = frozenset(('enabled', 'enabled-runtime', 'alias', 'static', 'indirect', 'generated', 'transient'))
+
+
 class Systemctl:
     """``systemctl`` for the template unit's instances."""
 
@@ -249,6 +254,24 @@ class Systemctl:
 
     def is_enabled(self, unit: str) -> bool:
         return self._run('is-enabled', '--quiet', unit, check=False).returncode == 0
+
+    def states(self, units: t.Sequence[str]) -> t.Dict[str, t.Tuple[bool, bool]]:
+        """unit -> (is_active, is_enabled) for every unit of ``units``, from ONE ``systemctl show`` (empty when it fails).
+
+        The answers of ``is-active --quiet`` and ``is-enabled --quiet`` (systemctl(1)): active means ActiveState active
+        or reloading; enabled means an UnitFileState whose is-enabled exit status is 0.
+        """
+        if not units:
+            return {}
+        proc = self._run('show', '--property=ActiveState,UnitFileState', '--', *units, check=False)
+        blocks = [block for block in proc.stdout.split('\n\n') if block.strip()]
+        if proc.returncode != 0 or len(blocks) != len(units):
+            return {}
+        found = {}
+        for unit, block in zip(units, blocks):
+            values = dict(line.split('=', 1) for line in block.splitlines() if '=' in line)
+            found[unit] = (values.get('ActiveState') in ACTIVE_STATES, values.get('UnitFileState') in ENABLED_STATES)
+        return found
 
     def main_pid(self, unit: str) -> t.Optional[int]:
         out = self._run('show', '--property=MainPID', '--value', unit, check=False).stdout.strip()
@@ -294,3 +317,33 @@ class Systemctl:
 
 def instance_unit(instance: str) -> str:
     return 'gpufleet-mps@%s.service' % instance
+
+
+class ObservedSystemctl:
+    """A :class:`Systemctl` whose ``is_active``/``is_enabled`` answer from one observation while a plan is decided
+    (``deciding``); every other call, and every call outside the decision, runs ``systemctl``."""
+
+    def __init__(self, real: Systemctl, states: t.Dict[str, t.Tuple[bool, bool]], unobserved: t.List[str]) -> None:
+        self.real = real
+        self.states = states
+        self.unobserved = unobserved
+        self.deciding = False
+
+    def __getattr__(self, name: str) -> t.Any:
+        return getattr(self.real, name)
+
+    def _seen(self, unit: str, which: int) -> t.Optional[bool]:
+        if not self.deciding:
+            return None
+        if unit not in self.states:
+            self.unobserved.append('systemctl: %s' % unit)
+            return None
+        return self.states[unit][which]
+
+    def is_active(self, unit: str) -> bool:
+        seen = self._seen(unit, 0)
+        return self.real.is_active(unit) if seen is None else seen
+
+    def is_enabled(self, unit: str) -> bool:
+        seen = self._seen(unit, 1)
+        return self.real.is_enabled(unit) if seen is None else seen

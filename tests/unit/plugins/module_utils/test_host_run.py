@@ -380,7 +380,7 @@ def test_two_runs_with_different_requests_both_apply_one_after_the_other(host):
     assert last in ('first', 'second') and host.ready
 
 
-def test_orphans_stop_ends_the_orphan_first_then_provisions(host):
+def test_orphans_stop_ends_the_orphan_first_then_provisions(host, decide_audit):
     """The explicit option: the orphan is ended as the plan's own change, and the resource starts on its GPU."""
     host.run([{'name': 'train', 'devices': [0]}])
     orphan = inspect(resource_paths(host.root, 'train')).pid
@@ -391,9 +391,10 @@ def test_orphans_stop_ends_the_orphan_first_then_provisions(host):
     out = host.run([{'name': 'train', 'devices': [0]}], orphans='stop')
     assert [change.as_dict() for change in out.executed] == _listed(planned)
     assert out.ready and _daemon_pids(host.root) == [inspect(resource_paths(host.root, 'train')).pid] != [orphan]
+    assert decide_audit['events'] == [] and decide_audit['unobserved'] == [], decide_audit
 
 
-def test_orphans_stop_refuses_an_orphan_with_servers_unless_busy_terminate(host):
+def test_orphans_stop_refuses_an_orphan_with_servers_unless_busy_terminate(host, decide_audit):
     host.run([{'name': 'train', 'devices': [0]}])
     host.leave(host.client('train'))  # an idle MPS server stays, a child of the daemon
     orphan = inspect(resource_paths(host.root, 'train')).pid
@@ -403,6 +404,7 @@ def test_orphans_stop_refuses_an_orphan_with_servers_unless_busy_terminate(host)
     assert _daemon_pids(host.root) == [orphan]
     out = host.run([{'name': 'train', 'devices': [0]}], orphans='stop', busy='terminate')
     assert out.ready and out.executed[0].ends_clients
+    assert decide_audit['events'] == [] and decide_audit['unobserved'] == [], decide_audit
 
 
 # --- property: whatever the request, apply does what check mode showed, and deciding again finds nothing ------------
@@ -438,9 +440,10 @@ def _daemon_view(root, name):
 
 
 @pytest.mark.parametrize('seed', [1, 2, 3])
-def test_any_sequence_of_requests_applies_as_planned_and_leaves_nothing_to_decide(host, seed):
+def test_any_sequence_of_requests_applies_as_planned_and_leaves_nothing_to_decide(host, seed, decide_audit):
     """A property over seeded random requests: check mode lists what the real run executes, change by change; the host
-    observed afterwards has exactly the listed daemons on exactly their GPUs; deciding again yields no change."""
+    observed afterwards has exactly the listed daemons on exactly their GPUs; deciding again yields no change; and no
+    decision read anything that observing the host had not."""
     import random  # pylint: disable=import-outside-toplevel
     rng = random.Random(seed)
     uuids = host.uuids()
@@ -456,6 +459,7 @@ def test_any_sequence_of_requests_applies_as_planned_and_leaves_nothing_to_decid
         assert leftovers == [], (seed, resources, leftovers)
         assert len(_daemon_pids(host.root)) == len(resources)
         assert applied.ready == bool(resources) == host.ready
+    assert decide_audit['events'] == [] and decide_audit['unobserved'] == [], decide_audit
 
 
 def test_a_no_op_observes_each_resource_once(host, monkeypatch):
@@ -501,3 +505,60 @@ def test_a_teardown_says_once_what_it_kept(host):
     kept = [warning for warning in out.warnings if warning.startswith('state=absent kept %s:' % host.root)]
     assert len(kept) == 1, out.warnings
     assert os.path.exists(os.path.join(host.root, 'other-tool.state'))
+
+
+# What deciding may not do: read, list, start or change anything (CPython's audit events; stat has none).
+_IO_EVENTS = frozenset(('open', 'os.listdir', 'os.scandir', 'subprocess.Popen', 'socket.connect', 'os.remove', 'os.rename',
+                        'os.mkdir', 'os.rmdir', 'os.chmod', 'os.kill', 'fcntl.flock', 'fcntl.lockf', 'shutil.rmtree'))
+_AUDIT = {'on': False, 'events': []}
+
+
+def _audit(event, args):
+    if _AUDIT['on'] and event in _IO_EVENTS:
+        path = str(args[0]) if args else ''
+        if not path.endswith(('.py', '.pyc')):  # a module imported on first use, not the host
+            _AUDIT['events'].append((event, path))
+
+
+@pytest.fixture
+def decide_audit(monkeypatch):
+    """Every I/O event of HostManager.decide, and every file it read that observe had not (HostSeen.unobserved)."""
+    if not _AUDIT.get('installed'):
+        sys.addaudithook(_audit)  # hooks cannot be removed: it records only while a decide runs
+        _AUDIT['installed'] = True
+    found = {'events': [], 'unobserved': [], 'decides': 0}
+    real = HostManager.decide
+
+    def decide(self, *args, **kwargs):
+        _AUDIT['events'] = []
+        _AUDIT['on'] = True
+        try:
+            return real(self, *args, **kwargs)
+        finally:
+            _AUDIT['on'] = False
+            found['events'] += _AUDIT['events']
+            found['unobserved'] += self.seen.unobserved
+            found['decides'] += 1
+    monkeypatch.setattr(HostManager, 'decide', decide)
+    return found
+
+
+@pytest.mark.parametrize('steps', SCENARIOS.values(), ids=list(SCENARIOS))
+def test_deciding_reads_starts_and_changes_nothing_beyond_what_was_observed(host, decide_audit, steps):
+    """Observe, then decide: every file, process and daemon answer the plan needs is read by HostManager.observe; the
+    decision itself - check mode and real run, every scenario and the teardown - opens, lists, starts and changes
+    nothing."""
+    for resources in steps:
+        _check_then_apply(host, resources)
+    _check_then_apply(host, [], state='absent')
+    assert decide_audit['decides'] >= 3 * (len(steps) + 1)
+    assert decide_audit['events'] == [] and decide_audit['unobserved'] == [], decide_audit
+
+
+def test_deciding_about_busy_clients_uses_what_was_observed(host, decide_audit):
+    """A restart with a client connected: the clients come from the observed control batch, the wait runs live."""
+    host.run([{'name': 'train', 'devices': [0]}])
+    client = host.client('train')
+    planned = host.run([{'name': 'train', 'devices': [1]}], check=True, busy='wait', busy_timeout=1)
+    assert planned.changes[0].kind == 'wait' and str(client.pid) in planned.changes[0].action
+    assert decide_audit['events'] == [] and decide_audit['unobserved'] == [], decide_audit

@@ -153,7 +153,7 @@ def _shm_manager(tmp_path, check_mode=False, selinux_type='container_file_t'):
 def test_the_shared_tmpfs_is_labelled_after_its_mount_then_left_alone(fake, tmp_path, monkeypatch):
     from ansible_collections.gpufleet.mps.plugins.module_utils import _shm
     mounted = []
-    monkeypatch.setattr(_shm, 'current_state', lambda path, pages=None: _shm.ShmState(True, 65536, list(_shm.FLAGS), '1777')
+    monkeypatch.setattr(_shm, 'current_state', lambda path, pages=None, mountinfo=None: _shm.ShmState(True, 65536, list(_shm.FLAGS), '1777')
                         if mounted else _shm.ShmState(False))
     shm = str(tmp_path / 'root' / 'shm')
     os.makedirs(shm)
@@ -173,7 +173,7 @@ def test_the_shared_tmpfs_is_labelled_after_its_mount_then_left_alone(fake, tmp_
 
 def test_the_shared_tmpfs_is_never_labelled_without_selinux_or_without_a_type(fake, tmp_path, monkeypatch):
     from ansible_collections.gpufleet.mps.plugins.module_utils import _shm
-    monkeypatch.setattr(_shm, 'current_state', lambda path, pages=None: _shm.ShmState(True, 65536, list(_shm.FLAGS), '1777'))
+    monkeypatch.setattr(_shm, 'current_state', lambda path, pages=None, mountinfo=None: _shm.ShmState(True, 65536, list(_shm.FLAGS), '1777'))
     os.makedirs(str(tmp_path / 'root' / 'shm'))
     assert not _shm_manager(tmp_path, selinux_type='').ensure('mounted', '64m').changed
     fake.enabled = False

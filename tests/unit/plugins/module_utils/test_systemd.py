@@ -185,3 +185,40 @@ def test_the_foreground_flag_is_in_the_environment_only_when_set():
     assert _systemd.unit_environment(paths, config, ['GPU-a'], False, 'default', '/bin/c', None, 5, 0o700,
                                      foreground=True)['MPS_FOREGROUND'] == '1'
     assert 'MPS_FOREGROUND' in _systemd.RESTART_ENV
+
+
+def _fake_systemctl(tmp_path, stdout, rc=0):
+    script = tmp_path / 'systemctl'
+    (tmp_path / 'show.out').write_text(stdout)
+    script.write_text('#!/bin/sh\necho "$@" >> %s/calls\ncat %s/show.out\nexit %d\n' % (tmp_path, tmp_path, rc))
+    script.chmod(0o755)
+    return _systemd.Systemctl(str(script))
+
+
+def test_one_systemctl_show_says_whether_each_unit_is_active_and_enabled(tmp_path):
+    """The answers of is-active --quiet and is-enabled --quiet for several units, from one process (systemctl(1): show
+    prints one block per unit, in the order asked, a blank line between them; a unit not found has no UnitFileState)."""
+    systemctl = _fake_systemctl(tmp_path, 'ActiveState=active\nUnitFileState=enabled\n\nActiveState=reloading\nUnitFileState=static\n\n'
+                                          'ActiveState=inactive\nUnitFileState=disabled\n\nActiveState=failed\nUnitFileState=\n')
+    units = ['gpufleet-mps@train.service', 'gpufleet-mps@infer.service', 'gpufleet-mps-health.timer', 'gpufleet-mps@gone.service']
+    assert systemctl.states(units) == {units[0]: (True, True), units[1]: (True, True), units[2]: (False, False), units[3]: (False, False)}
+    assert (tmp_path / 'calls').read_text().splitlines() == ['show --property=ActiveState,UnitFileState -- ' + ' '.join(units)]
+
+
+@pytest.mark.parametrize('stdout, rc', [('ActiveState=active\nUnitFileState=enabled\n', 0), ('', 1)])
+def test_a_systemctl_show_that_does_not_answer_for_every_unit_answers_for_none(tmp_path, stdout, rc):
+    systemctl = _fake_systemctl(tmp_path, stdout, rc)
+    assert systemctl.states(['a.service', 'b.service']) == {}
+
+
+def test_the_observed_systemctl_answers_from_the_observation_only_while_a_plan_is_decided(tmp_path):
+    real = _fake_systemctl(tmp_path, '')
+    unobserved = []
+    observed = _systemd.ObservedSystemctl(real, {'a.service': (True, False)}, unobserved)
+    observed.deciding = True
+    assert observed.is_active('a.service') is True and observed.is_enabled('a.service') is False
+    assert not (tmp_path / 'calls').exists()
+    assert observed.is_active('b.service') is True and unobserved == ['systemctl: b.service']  # asked live (exit 0), and named
+    observed.deciding = False
+    observed.is_enabled('a.service')  # executing: always live
+    assert (tmp_path / 'calls').read_text().splitlines() == ['is-active --quiet b.service', 'is-enabled --quiet a.service']
