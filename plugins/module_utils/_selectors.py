@@ -69,8 +69,9 @@ def _resolve_one(selector: t.Union[str, int], gpus: t.Sequence[Gpu], param: str)
             if gpu.index == index:
                 return _whole(gpu, param)
         hint = ''
-        if isinstance(selector, int) and index >= 60:
-            # YAML 1.1 reads an unquoted 1:0 as the base-60 number 60.
+        if isinstance(selector, int) and any(gpu.index == index // 60 and gpu.mig_enabled for gpu in gpus):
+            # YAML 1.1 reads an unquoted 1:0 as the base-60 number 60: said only where <gpu>:<mig> could be meant, a GPU
+            # of that index in MIG mode (devices: [99] on a host without MIG gets no word about it).
             hint = '; an unquoted %d:%d is read by YAML as the number %d - quote MIG addresses ("%d:%d")' % (
                 index // 60, index % 60, index, index // 60, index % 60)
         raise DeviceSelectionError('%s: there is no GPU with index %d (this host has %d: 0-%d)%s' % (

@@ -214,6 +214,17 @@ def test_an_unquoted_mig_address_read_by_yaml_as_a_number_gets_a_hint(mixed):
         resolve_devices([60], gpus)
 
 
+@pytest.mark.parametrize('index, hint', [(99, True), (130, True), (30, False), (200, False), (61 * 60, False)])
+def test_the_yaml_hint_comes_only_where_a_mig_address_could_be_meant(mixed, index, hint):
+    """Only an index whose GPU part names a GPU in MIG mode gets the hint: 99 (1:39) and 130 (2:10) do; 30 (GPU 0, not in
+    MIG mode), 200 (3:20, no GPU 3) and 3660 (61:0) only hear that there is no such GPU."""
+    gpus, _parser = mixed
+    with pytest.raises(DeviceSelectionError) as caught:
+        resolve_devices([index], gpus)
+    assert ('read by YAML' in caught.value.msg) == hint, caught.value.msg
+    assert 'there is no GPU with index %d' % index in caught.value.msg
+
+
 def test_another_daemon_on_a_gpu_in_mig_mode_claims_its_mig_devices(mixed):
     gpus, _parser = mixed
     assert [gpu.address for gpu in visible_gpus('1', gpus)] == ['1', '1:0', '1:1', '1:2']
