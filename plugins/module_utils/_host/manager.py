@@ -37,17 +37,17 @@ from .._gpus import Gpu, Nvml
 from .._io import ensure_dir, refuse_unsafe_dirs, remove
 from .._limits.manager import LimitsManager
 from .._observe.scan import scan_config, scan_resources
-from .._observe.snapshot import HostSeen, ResourceSeen, observe_host
+from .._observe.snapshot import HostSeen, ResourceSeen
 from .._outcome import Change, Outcome
 from .._resource.layout import validate_root
 from .._resource.lock import HostLock
-from .._proc import child_pids, read_mountinfo
 from .._supervisor.process import end_orphan
 from .._supervisor.logrotate import render_logrotate
-from .._supervisor.unit import UNIT_DIR, ObservedSystemctl, Systemctl, instance_unit, systemd_is_pid1
-from .around import HEALTH_TIMER, READY_FILE, Around
+from .._supervisor.unit import UNIT_DIR, ObservedSystemctl, Systemctl, systemd_is_pid1
+from .around import READY_FILE, Around
 from .decide import decide_ready, order_steps
 from .facts import facts_text, local_facts
+from .observe import observe
 from .plan import ResourcePlan, plan_resources
 from .result import planned_resource, resource_result
 
@@ -198,52 +198,9 @@ class HostManager:
         return self.decide(listed, removed, self.observe(listed, removed))
 
     def observe(self, listed: t.List[_Resource], removed: t.List[_Resource]) -> HostSeen:
-        """The host read once: every resource, the /proc scan, the files the plan compares, each running daemon's limits."""
-        files = [path for res in listed + removed for path in (
-            res.setup.config.env_file, res.setup.config.limits_json, res.setup.config.limits_file, res.setup.config.limits_env)]
-        shm = self.shm = self._shm_manager()
-        files += shm.observed_files() if shm is not None else []
-        files += [path for res in listed + removed if res.setup.systemctl is not None
-                  for path in res.setup.manager(self.nvml, self.check_mode).unit_files()]
-        seen = self.seen = observe_host(self.root, (res.setup.paths for res in listed + removed), self.nvml.gpus(),
-                                        files + self.around.observed_files(), [self.config_dir] + ([shm.path] if shm else []))
-        self.around.seen = seen
-        if shm is not None:
-            shm.read_file, shm.list_dir, shm.mountinfo = seen.text, seen.listdir, read_mountinfo()
-        self._observe_units(listed + removed, seen)
-        for res in listed + removed:
-            res.seen = seen.resources[res.name]
-        for res in listed:
-            # The one control batch of each running daemon (defaults, servers, their limits and clients).
-            self._limits_manager(res, assume_stopped=False).observe()
-        if self.params['orphans'] == 'stop':
-            # The MPS servers of each orphaned daemon of the root (ending it ends them: busy decides).
-            seen.orphan_servers = {daemon.pid: child_pids(daemon.pid) for daemon in seen.daemons[0] if daemon.orphan}
-        for res in listed + removed:
-            # A daemon the plan stops or moves: its servers' clients, which busy decides about.
-            if res.seen.state.running and res.seen.state.pid and res.name not in seen.clients:
-                seen.read_daemon(res.name, res.setup.daemon.query, 0, res.seen.state.pid)
-                res.setup.daemon.answered = True
-        return seen
-
-    def _observe_units(self, resources: t.List[_Resource], seen: HostSeen) -> None:
-        """Where systemd runs: every resource's unit and the health timer, active and enabled, in ONE systemctl process;
-        while the plan is decided, the managers' systemctl answers from it."""
-        units = [instance_unit(res.setup.config.instance) for res in resources if res.setup.systemctl is not None]
-        real = self.systemctl or next((res.setup.systemctl for res in resources if res.setup.systemctl is not None), None)
-        if real is None:
-            return
-        units += [HEALTH_TIMER] if self.systemctl is not None else []
-        states = real.states(units)
-        for res in resources:
-            if res.setup.systemctl is not None and not isinstance(res.setup.systemctl, ObservedSystemctl):
-                res.setup.systemctl = ObservedSystemctl(res.setup.systemctl, states, seen.unobserved)
-        if self.systemctl is not None and not isinstance(self.around.systemctl, ObservedSystemctl):
-            self.around.systemctl = ObservedSystemctl(self.systemctl, states, seen.unobserved)
-        self._observed_units = [res.setup.systemctl for res in resources if isinstance(res.setup.systemctl, ObservedSystemctl)]
-        self._observed_units += [self.around.systemctl] if isinstance(self.around.systemctl, ObservedSystemctl) else []
-        for proxy in self._observed_units:
-            proxy.states, proxy.unobserved = states, seen.unobserved
+        """The host read once (:func:`.observe.observe`); every part of the plan decides from it."""
+        self.seen, self._observed_units = observe(self, listed, removed)
+        return self.seen
 
     def decide(self, listed: t.List[_Resource], removed: t.List[_Resource], seen: HostSeen) -> HostOutcome:
         """The plan, from what :meth:`observe` saw (a unit test holds that nothing else is read here)."""
@@ -275,7 +232,7 @@ class HostManager:
             res.restart = res.daemon.restarting
         kept = frozenset(gpu.uuid for res in listed for gpu in res.plan.devices) if p['compute_mode'] != 'unchanged' else frozenset()
         body = HostOutcome()
-        self._end_orphans(body, orphans)
+        self._end_orphans(body, orphans, seen)
         if not absent:
             self._shm(body)
         for res in removed:
@@ -330,11 +287,11 @@ class HostManager:
         return out
 
     # --- orphans -----------------------------------------------------------------------------------
-    def _end_orphans(self, out: HostOutcome, orphans: t.Sequence[t.Any]) -> None:
+    def _end_orphans(self, out: HostOutcome, orphans: t.Sequence[t.Any], seen: HostSeen) -> None:
         """orphans=stop: end each one first (TERM, then KILL), so that the resources can take its GPUs."""
         p = self.params
         for daemon in orphans:
-            servers = self.seen.orphan_servers.get(daemon.pid, []) if self.seen is not None else child_pids(daemon.pid)
+            servers = seen.orphan_servers.get(daemon.pid, [])
             if servers and p['busy'] != 'terminate':
                 raise MpsError('orphans=stop: the orphaned MPS control daemon pid %d still has MPS server(s) %s, whose clients '
                                'cannot be listed (quit cannot reach it); ending it ends them: set busy=terminate to go on, '
@@ -351,7 +308,8 @@ class HostManager:
     def _planned_limits(res: _Resource) -> t.Dict[str, t.Any]:
         return dict(limits=res.limits.wanted, limits_replay_for=res.limits.replay_for, limits_planned=True)
 
-    def _limits_manager(self, res: _Resource, assume_stopped: bool) -> LimitsManager:
+    def limits_manager(self, res: t.Any, assume_stopped: bool) -> LimitsManager:
+        """The limits manager of a listed resource, reading from the run's observation."""
         plan = res.plan
         if plan is None:
             raise MpsError('internal error: limits of the removed resource %s were asked for' % res.name)
@@ -365,7 +323,7 @@ class HostManager:
 
     def _limits(self, res: _Resource, assume_stopped: bool) -> t.Any:
         plan = res.plan
-        manager = self._limits_manager(res, assume_stopped)
+        manager = self.limits_manager(res, assume_stopped)
         out = manager.plan(plan.active_thread_percentage, plan.pinned_device_mem_limit, plan.replicas,
                            self.params['running_servers'])
         if out.pending and not assume_stopped:
@@ -383,20 +341,6 @@ class HostManager:
                                 remove_logs=p['remove_logs'] and p['state'] == 'absent')
         return manager.plan(state, [gpu.uuid for gpu in res.plan.devices], res.plan.multiuser, p['compute_mode'], True,
                             p['shm'], foreground=p['foreground'])
-
-    def _shm_manager(self) -> t.Optional[t.Any]:
-        """The shared tmpfs's manager, for a host with shm and for a teardown; None for neither."""
-        p = self.params
-        absent = p['state'] == 'absent'
-        if not (p['shm'] or absent):
-            return None
-        # Imported here: only hosts with shm, and teardowns, need it.
-        from .._shm import ShmManager  # pylint: disable=import-outside-toplevel
-        manager = ShmManager.for_host(self.root, 'absent' if absent else 'mounted', p['shm_persist'], '/etc/fstab', self.unit_dir,
-                                      self.check_mode, p['selinux_type'], param='shm_persist')
-        # The plan stops every daemon of the root before the unmount.
-        manager.daemons_stop_first = absent
-        return manager
 
     def _shm(self, out: HostOutcome) -> None:
         manager = self.shm
