@@ -10,16 +10,18 @@ Both runs use private pipe/log directories and CUDA_VISIBLE_DEVICES set to one G
 the same device.  Pids and timestamps are normalised, then every step's exit code,
 stdout, stderr, file modes and log lines are compared.
 
-Exit status: 0 when every step tagged C or O (confirmed / observed in the reference)
-matches, 1 when one differs (differences in I / U steps are printed, not failed) or a
-side ran out of time, 2 on a usage error.  ``--json FILE`` writes both runs' results.
-The last lines answer, from the real binary, the questions the simulator's switches
-stand for (transcript.QUESTIONS: lock kind, pipe dir length, quit's exit status, ...).
+Exit status: 0 when every step tagged C (answered by a real run: its answer is recorded
+in tests/fakes/mps/recorded/) matches the simulator, 1 when one differs (differences in
+I / U steps are printed, not failed) or a side ran out of time, 2 on a usage error.
+It also prints where this run differs from the recording and how many steps it answered
+that the recording marks unrecorded; ``--json FILE`` writes both runs' results and the
+host, from which ``tests/gpu/record.py FILE`` writes a new recording.
 Each side has ``--deadline`` seconds; whatever a side started is killed when it ends.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import difflib
 import json
 import os
@@ -29,6 +31,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from types import FrameType
 from typing import Dict, List, Optional, Tuple
 
@@ -118,7 +121,8 @@ def _deadline(_signum: int, _frame: Optional[FrameType]) -> None:
     raise Deadline()
 
 
-def run_side(base: str, control: List[str], client: List[str], extra_env: Dict[str, str], deadline: int = 0) -> List[dict]:
+def run_side(base: str, control: List[str], client: List[str], extra_env: Dict[str, str],  # pylint: disable=too-many-positional-arguments
+             deadline: int = 0, until: Optional[str] = None) -> List[dict]:
     """Play the transcript in base/{p,l}; results with base replaced by <BASE>.
 
     With a deadline (seconds) the run stops there: the steps played so far, then a ``deadline``
@@ -131,7 +135,7 @@ def run_side(base: str, control: List[str], client: List[str], extra_env: Dict[s
     previous = signal.signal(signal.SIGALRM, _deadline)
     signal.alarm(deadline)
     try:
-        results = runner.run()
+        results = runner.run(until=until)
     except Deadline:
         done = runner.results[-1]['id'] if runner.results else 'none'
         results = runner.results + [{'id': 'deadline', 'op': 'deadline', 'tag': 'C',
@@ -140,41 +144,6 @@ def run_side(base: str, control: List[str], client: List[str], extra_env: Dict[s
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
     return json.loads(json.dumps(results).replace(base, '<BASE>'))
-
-
-ASYNC_RE = re.compile(r'\] (NEW CLIENT |NEW SERVER |Starting new server |Server \S+ (exited|was terminated|encountered)|'
-                      r'User did not send valid credentials|Starting control daemon|To connect CUDA|CUDA MPS Control binary version|'
-                      r'Client \S+ rejected)')
-
-
-def log_view(text: str) -> Dict[str, List[str]]:
-    """A log as comparable data: the UI sessions in order (their command and reply lines; polling
-    repeats of the same commands collapsed to the last one) and, sorted, the lines that arrive
-    asynchronously (clients, servers, daemon start), which may interleave differently."""
-    sessions: List[List[str]] = []
-    current: Optional[List[str]] = None
-    other: List[str] = []
-    for line in text.splitlines():
-        message = line.split('] ', 1)[1] if '] ' in line else line
-        if message == 'Accepting connection...':
-            continue
-        if message == 'NEW UI':
-            current = []
-            sessions.append(current)
-            continue
-        if current is None or ASYNC_RE.search(line):
-            other.append(line)
-            continue
-        current.append(message)
-        if message == 'UI closed':
-            current = None
-    collapsed: List[List[str]] = []
-    for session in sessions:
-        if collapsed and [m for m in collapsed[-1] if m.startswith('Cmd:')] == [m for m in session if m.startswith('Cmd:')]:
-            collapsed[-1] = session
-        else:
-            collapsed.append(session)
-    return {'ui_sessions': [' | '.join(s) for s in collapsed], 'other_lines': sorted(other)}
 
 
 def diff_text(name: str, real: object, sim: object) -> List[str]:
@@ -187,20 +156,17 @@ def diff_text(name: str, real: object, sim: object) -> List[str]:
 
 
 def compare(real: List[dict], sim: List[dict]) -> Tuple[List[str], int, int]:
-    """Report lines, number of differing steps, number of those tagged C or O."""
+    """Report lines, number of differing steps, number of those tagged C."""
     report: List[str] = []
     differing = hard = 0
     for want, got in zip(real, sim):
-        if want.get('op') == 'log':
-            want = dict(want, data=log_view(want.get('data') or ''))
-            got = dict(got, data=log_view(got.get('data') or ''))
         fields = [k for k in ('rc', 'stdout', 'stderr', 'data') if k in want or k in got]
         changed = [k for k in fields if want.get(k) != got.get(k)]
         if not changed:
             report.append(f'same    [{want["tag"]}] {want["id"]}')
             continue
         differing += 1
-        hard += want['tag'] in ('C', 'O')
+        hard += want['tag'] == 'C'
         report.append(f'DIFFERS [{want["tag"]}] {want["id"]}: {", ".join(changed)}')
         if 'commands' in want:
             report.append(f'    commands: {want["commands"]}')
@@ -209,11 +175,84 @@ def compare(real: List[dict], sim: List[dict]) -> Tuple[List[str], int, int]:
     return report, differing, hard
 
 
+MATMUL = """
+import time, torch
+a = torch.randn(8192, 8192, device='cuda', dtype=torch.bfloat16); b = torch.randn_like(a)
+for _ in range(3): a @ b
+torch.cuda.synchronize(); t = time.perf_counter()
+for _ in range(30): a @ b
+torch.cuda.synchronize(); print(round(30 * 2 * 8192 ** 3 / (time.perf_counter() - t) / 1e12))
+"""
+ALLOC_MIB = '2048,3000,4096'
+
+
+def effects(control: str, client: List[str], base: str, device: Dict[str, str], python: str = sys.executable) -> Dict[str, object]:
+    """What the limits do to a real client: allocations under a 3G pinned limit and, where PyTorch is there,
+    bf16 matmul throughput without MPS and at 25% active threads.  Real side only (the simulator has no memory
+    and no SMs); everything it starts is ended."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(('CUDA_MPS_', 'FAKE_MPS_'))}
+    env.update(device, CUDA_MPS_PIPE_DIRECTORY=os.path.join(base, 'p'), CUDA_MPS_LOG_DIRECTORY=os.path.join(base, 'l'))
+    out: Dict[str, object] = {}
+
+    def ui(*commands: str) -> str:
+        return subprocess.run([control], input='\n'.join(commands) + '\n', env=env, capture_output=True, text=True, timeout=30,
+                              check=False).stdout
+
+    def matmul(environ: Dict[str, str]) -> object:
+        proc = subprocess.run([python, '-c', MATMUL], env=environ, capture_output=True, text=True, timeout=120, check=False)
+        return int(proc.stdout.split()[-1]) if proc.returncode == 0 and proc.stdout.split() else f'failed: {proc.stderr.strip()[-200:]}'
+
+    try:
+        for name in ('p', 'l'):
+            os.makedirs(os.path.join(base, name), mode=0o755, exist_ok=True)
+        subprocess.run([control, '-d'], env=env, capture_output=True, timeout=30, check=False)
+        ui('set_default_device_pinned_mem_limit 0 3G')
+        proc = subprocess.run(client + ['--alloc', ALLOC_MIB], env=env, capture_output=True, text=True, timeout=120, check=False)
+        try:
+            line = json.loads(proc.stdout.splitlines()[0])
+            out['pinned 3G, allocations of 2048, 3000 and 4096 MiB'] = {
+                'alloc_rc_by_mib': line.get('alloc_rc_by_mib'), 'free_mib': line.get('mem_free_mib'), 'total_mib': line.get('mem_total_mib')}
+        except (ValueError, IndexError):
+            out['pinned 3G, allocations of 2048, 3000 and 4096 MiB'] = f'failed: {proc.stdout.strip()} {proc.stderr.strip()}'[:300]
+        ui('quit -t 5')
+        if importlib.util.find_spec('torch') is not None:
+            plain = {k: v for k, v in env.items() if k != 'CUDA_MPS_PIPE_DIRECTORY'}
+            plain['CUDA_MPS_PIPE_DIRECTORY'] = os.path.join(base, 'none')  # no daemon there: CUDA runs without MPS
+            throughput = {'no MPS': matmul(plain)}
+            subprocess.run([control, '-d'], env=env, capture_output=True, timeout=30, check=False)
+            ui('set_default_active_thread_percentage 25')
+            throughput['25% active threads'] = matmul(env)
+            ui('quit -t 5')
+            out['bf16 8192x8192 matmul TFLOP/s'] = throughput
+    finally:
+        transcript.kill_all(transcript.processes_with(base + os.sep))
+    return out
+
+
+def effects_differences(recorded: Dict[str, object], seen: Dict[str, object]) -> List[str]:
+    """Where the effects seen differ from the recording: the allocations' results exactly; throughput as a
+    ratio (25% active threads must stay under half of no MPS, as 229/795 did)."""
+    problems = []
+    key = 'pinned 3G, allocations of 2048, 3000 and 4096 MiB'
+    want, got = recorded.get(key), seen.get(key)
+    if isinstance(want, dict) and (not isinstance(got, dict) or got.get('alloc_rc_by_mib') != want.get('alloc_rc_by_mib')):
+        problems.append(f'{key}: recorded {want}, seen {got}')
+    speed = seen.get('bf16 8192x8192 matmul TFLOP/s')
+    if isinstance(speed, dict):
+        full, cut = speed.get('no MPS'), speed.get('25% active threads')
+        if not (isinstance(full, int) and isinstance(cut, int) and full > 0 and cut / full < 0.5):
+            problems.append(f'matmul at 25% active threads against no MPS: {cut} vs {full} (recorded 229 vs 795)')
+    return problems
+
+
 def main(argv: List[str]) -> int:
     """Find the real stack or skip; run both sides; print the differences."""
     parser = argparse.ArgumentParser(description=__doc__.split('\n', 1)[0])
     parser.add_argument('--json', help='write both runs here')
     parser.add_argument('--keep', action='store_true', help='keep the temporary directories')
+    parser.add_argument('--recording', default=os.path.join(SIM_DIR, 'recorded', 'r580-h200.json'),
+                        help='the recorded real answers to compare this run with (default: the r580 H200 recording)')
+    parser.add_argument('--no-effects', action='store_true', help='skip the limits\' effects (allocations, matmul throughput)')
     parser.add_argument('--deadline', type=int, default=240, help='seconds each side may run (default 240)')
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _deadline)  # an outer timeout (run.sh) ends a side like its deadline: cleaned up
@@ -240,8 +279,8 @@ def main(argv: List[str]) -> int:
     os.chmod(root, 0o755)
     try:
         ini = os.path.join(root, 'nvml.ini')
-        driver = driver_version(smi)
-        write_ini(ini, gpus, driver, cuda_version(smi))
+        driver, cuda = driver_version(smi), cuda_version(smi)
+        write_ini(ini, gpus, driver, cuda)
         device = {'CUDA_VISIBLE_DEVICES': gpus[0]['uuid']}
         print(f'real binary: {real}; driver {driver}; device: {gpus[0]["name"]} {gpus[0]["uuid"]}; uid {os.geteuid()}; '
               f'python: {sys.executable}', flush=True)
@@ -250,24 +289,42 @@ def main(argv: List[str]) -> int:
         sim_results = run_side(os.path.join(root, 's'), [sys.executable, os.path.join(SIM_DIR, 'mps_sim.py')],
                                [sys.executable, os.path.join(SIM_DIR, 'mps_client.py')], dict(device, FAKE_NVML_CONFIG=ini),
                                args.deadline)
+        seen_effects = {} if args.no_effects else effects(real, [sys.executable, os.path.join(HERE, 'cuda_client.py')],
+                                                          os.path.join(root, 'e'), device)
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
+    host = {'binary': real, 'driver': driver, 'cuda': cuda, 'gpu': gpus[0]['name'], 'memory_mib': gpus[0]['memory'], 'uid': os.geteuid(),
+            'date': time.strftime('%Y-%m-%d')}
     if args.json:
         with open(args.json, 'w', encoding='utf-8') as handle:
-            json.dump({'real': real_results, 'simulator': sim_results}, handle, indent=1, sort_keys=True)
+            json.dump({'host': host, 'real': real_results, 'simulator': sim_results, 'effects': seen_effects}, handle, indent=1,
+                      sort_keys=True)
     report, differing, hard = compare(real_results, sim_results)
     print('\n'.join(report))
-    print(f'{len(real_results)} steps: {len(real_results) - differing} same, {differing} differ ({hard} of them tagged C/O)')
-    for step, result in zip(transcript.STEPS, real_results):
-        for problem in transcript.check(step, result) if result['id'] == step['id'] else []:
-            print(f'real binary misses the reference: {problem}')
+    recording = transcript.load_recording(args.recording)
+    recorded = recording['steps']
+    for name, value in seen_effects.items():
+        print(f'effect: {name}: {json.dumps(value, sort_keys=True)}')
+    effect_problems = effects_differences(recording.get('effects', {}), seen_effects) if seen_effects else []
+    for problem in effect_problems:
+        print(f'this run differs from the recording ({os.path.basename(args.recording)}): {problem}')
+    drift, new = len(effect_problems), 0
+    for result in real_results:
+        entry = recorded.get(result['id'], {})
+        if entry.get('answer'):
+            problems = transcript.differences(result['id'], entry['answer'], result)
+            drift += bool(problems)
+            for problem in problems:
+                print(f'this run differs from the recording ({os.path.basename(args.recording)}): {problem}')
+        elif 'unrecorded' in entry and result.get('op') not in ('mkdirs', 'rm_pipe', 'signal_daemon', 'client_kill', 'deadline'):
+            new += 1
     late = [(side, r['data']) for side, rs in (('real', real_results), ('simulator', sim_results)) for r in rs if r['id'] == 'deadline']
     for side, text in late:
         print(f'DEADLINE ({side} run): {text}')
-    print('What the real binary answered (transcript.QUESTIONS):')
-    for line in transcript.answers(real_results):
-        print(f'  {line}')
+    print(f'SUMMARY: {len(real_results)} steps: {len(real_results) - differing} same, {differing} differ ({hard} of them tagged C); '
+          f'{drift} differ from the recording; {new} answered that the recording marks unrecorded'
+          + (' (tests/gpu/record.py RUN.json > tests/fakes/mps/recorded/<name>.json records them)' if new or drift else ''))
     return 1 if hard or late else 0
 
 

@@ -7,7 +7,9 @@ daemon starts or picks the server); retaining the primary context makes the serv
 create the client's context.  Prints ONE JSON line (``{"ok": true, "client_pid": ...}``
 or ``{"ok": false, "error": "CUDA_ERROR_..."}``), then holds the context until stdin
 closes or SIGTERM/SIGINT arrives, releases it and exits 0.  Same contract as the
-simulator's mps_client.py.
+simulator's mps_client.py, with its ``--device N`` and ``--uid N`` (drop to that user and
+group before connecting).  ``--alloc 2048,3000`` allocates and frees each size (MiB), adds
+``alloc_rc_by_mib`` (CUresult per size) and ``mem_free_mib`` to the line and exits at once.
 """
 from __future__ import annotations
 
@@ -30,6 +32,11 @@ def error_name(lib: ctypes.CDLL, code: int) -> str:
 def main(argv: list[str]) -> int:
     """Connect (cuInit + primary context), report, hold, release."""
     ordinal = int(argv[argv.index('--device') + 1]) if '--device' in argv else 0
+    if '--uid' in argv:  # as the simulator's client: drop to that user (and group) before cuInit connects
+        uid = int(argv[argv.index('--uid') + 1])
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
     try:
         lib = ctypes.CDLL('libcuda.so.1')
     except OSError as exc:
@@ -45,9 +52,20 @@ def main(argv: list[str]) -> int:
             return 1
     free, total = ctypes.c_size_t(), ctypes.c_size_t()
     info = {'ok': True, 'client_pid': os.getpid(), 'device': ordinal}
+    if '--alloc' in argv:  # allocate (and free) each size in MiB: under a pinned limit the larger ones fail
+        pointer = ctypes.c_uint64()
+        info['alloc_rc_by_mib'] = {}
+        for mib in argv[argv.index('--alloc') + 1].split(','):
+            code = lib.cuMemAlloc_v2(ctypes.byref(pointer), ctypes.c_size_t(int(mib) << 20))
+            info['alloc_rc_by_mib'][mib] = code
+            if code == 0:
+                lib.cuMemFree_v2(pointer)
     if lib.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)) == 0:
         info['mem_total_mib'] = total.value // (1024 * 1024)
+        info['mem_free_mib'] = free.value // (1024 * 1024)
     print(json.dumps(info, sort_keys=True), flush=True)
+    if '--alloc' in argv:
+        return 0
 
     stop_r, stop_w = os.pipe()
     signal.signal(signal.SIGTERM, lambda _s, _f: os.write(stop_w, b'x'))

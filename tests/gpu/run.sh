@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Compare the MPS simulator with the real nvidia-cuda-mps-control on this GPU host, and
-# answer the questions the simulator's FAKE_MPS_* switches stand for (last lines).
+# with the recorded real answers (tests/fakes/mps/recorded/), and measure the limits' effects.
 # Run from anywhere (it changes to the repository root); needs only python3 and the
 # NVIDIA driver; builds nothing. Exits 0 with "SKIP: ..." on a host without them.
 # Extra arguments go to compare_mps.py (e.g. --json /tmp/mps-compare.json --keep).

@@ -3,6 +3,8 @@
 """tests/gpu/compare_mps.py without a GPU: it skips, and its comparison works (simulator vs simulator)."""
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import subprocess
 
@@ -12,6 +14,7 @@ import transcript
 
 COMPARE = os.path.join(REPO, 'tests', 'gpu', 'compare_mps.py')
 RUN_SH = os.path.join(REPO, 'tests', 'gpu', 'run.sh')
+RECORD = os.path.join(REPO, 'tests', 'gpu', 'record.py')
 
 
 def test_without_the_real_binary_it_skips_with_exit_0() -> None:
@@ -77,8 +80,52 @@ def test_cuda_version_comes_from_the_nvidia_smi_banner(host: SimHost) -> None:
     assert compare_mps.cuda_version('/bin/true') == '0'
 
 
-def test_the_binary_version_line_is_compared_with_the_start_lines() -> None:
-    view = compare_mps.log_view('[<TS> Control <DAEMON1>] Starting control daemon using socket <BASE>/p/control\n'
-                                '[<TS> Control <DAEMON1>] CUDA MPS Control binary version: 13000\n')
-    assert view == {'ui_sessions': [], 'other_lines': ['[<TS> Control <DAEMON1>] CUDA MPS Control binary version: 13000',
-                                                       '[<TS> Control <DAEMON1>] Starting control daemon using socket <BASE>/p/control']}
+def test_record_writes_a_recording_of_every_step_from_a_run(host: SimHost, tmp_path: object) -> None:
+    write_ini(host.ini)
+    env = {'CUDA_VISIBLE_DEVICES': 'GPU-9f00', 'FAKE_NVML_CONFIG': host.ini}
+    base = os.path.join(host.base, 'r')
+    results = compare_mps.run_side(base, [PYTHON, SIM], [PYTHON, CLIENT], env, until='start')
+    run = os.path.join(str(tmp_path), 'run.json')
+    with open(run, 'w', encoding='utf-8') as handle:
+        json.dump({'host': {'driver': '560.35.03'}, 'real': results[:5], 'simulator': results[:5]}, handle)
+    proc = subprocess.run([PYTHON, RECORD, run], capture_output=True, text=True, timeout=60, check=True)
+    out = json.loads(proc.stdout)
+    assert list(out['steps']) == [s['id'] for s in transcript.STEPS]
+    assert out['steps']['no-daemon'] == {'evidence': 'run.json: step no-daemon',
+                                         'answer': {k: results[0][k] for k in ('rc', 'stdout', 'stderr')}}
+    assert out['steps']['mkdirs'] == {'evidence': 'run.json: step mkdirs', 'answer': {}}
+    assert out['steps']['files-running'] == {'unrecorded': 'run.json: the run stopped before this step'}
+    assert out['recording']['driver'] == '560.35.03'
+
+
+def test_record_refuses_a_file_that_is_not_a_run(tmp_path: object) -> None:
+    path = os.path.join(str(tmp_path), 'x.json')
+    with open(path, 'w', encoding='utf-8') as handle:
+        handle.write('[]')
+    proc = subprocess.run([PYTHON, RECORD, path], capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2 and 'not a compare_mps.py --json file' in proc.stderr
+
+
+def test_effects_without_a_gpu_report_the_failure_and_leave_nothing_running(host: SimHost) -> None:
+    write_ini(host.ini)
+    wrapper = os.path.join(host.base, 'nvidia-cuda-mps-control')
+    with open(wrapper, 'w', encoding='utf-8') as handle:
+        handle.write(f'#!/bin/sh\nexec {PYTHON} {SIM} "$@"\n')
+    os.chmod(wrapper, 0o755)
+    base = os.path.join(host.base, 'e')
+    seen = compare_mps.effects(wrapper, [PYTHON, CLIENT], base, {'FAKE_NVML_CONFIG': host.ini})
+    # the simulator's client has no memory to allocate (no --alloc); without PyTorch there is no throughput part
+    assert 'bf16 8192x8192 matmul TFLOP/s' not in seen or importlib.util.find_spec('torch') is not None
+    assert str(seen['pinned 3G, allocations of 2048, 3000 and 4096 MiB']).startswith('failed: ')
+    assert not transcript.processes_with(base + os.sep)
+
+
+def test_effects_are_held_to_the_recording() -> None:
+    recorded = {'pinned 3G, allocations of 2048, 3000 and 4096 MiB': {'alloc_rc_by_mib': {'2048': 0, '3000': 2, '4096': 2}}}
+    same = {'pinned 3G, allocations of 2048, 3000 and 4096 MiB': {'alloc_rc_by_mib': {'2048': 0, '3000': 2, '4096': 2}, 'free_mib': 2900},
+            'bf16 8192x8192 matmul TFLOP/s': {'no MPS': 800, '25% active threads': 230}}
+    assert not compare_mps.effects_differences(recorded, same)
+    unlimited = dict(same, **{'pinned 3G, allocations of 2048, 3000 and 4096 MiB': {'alloc_rc_by_mib': {'2048': 0, '3000': 0, '4096': 0}}})
+    assert 'pinned 3G' in compare_mps.effects_differences(recorded, unlimited)[0]
+    uncapped = dict(same, **{'bf16 8192x8192 matmul TFLOP/s': {'no MPS': 800, '25% active threads': 790}})
+    assert '790 vs 800' in compare_mps.effects_differences(recorded, uncapped)[0]
