@@ -177,7 +177,7 @@ options:
     description:
       - A daemon that must stop (a restart for a change, a removed resource, the teardown) with clients connected -
         V(refuse) fails the run before anything is changed and ends no job, V(wait) waits up to O(busy_timeout)
-        seconds for them to leave, V(terminate) ends them.
+        seconds for them to leave, V(terminate) ends their servers (the client processes live on, their GPU work is gone).
     type: str
     choices: [refuse, wait, terminate]
     default: refuse

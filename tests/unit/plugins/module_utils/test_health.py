@@ -40,6 +40,8 @@ class Health:
     def start(self, name, uuid, enabled=True):
         paths = resource_paths(self.root, name)
         config = config_paths(self.etc, name)
+        for directory in (paths.pipe_dir, paths.log_dir):  # as the modules do: a real -d creates neither
+            os.makedirs(directory, exist_ok=True)
         subprocess.run([self.binary, '-d'], env=daemon_env(paths, [uuid]), check=True, capture_output=True)
         for attempt in range(200):
             if inspect(paths).running:

@@ -198,6 +198,8 @@ class Host:
     def start(self, name, uuids, record=True):
         """``-d`` without waiting for answers (a hung daemon never answers)."""
         paths = resource_paths(self.root, name)
+        for directory in (paths.pipe_dir, paths.log_dir):  # as the modules do: a real -d creates neither
+            os.makedirs(directory, exist_ok=True)
         subprocess.run([self.binary, '-d'], env=daemon_env(paths, uuids), check=True, capture_output=True)
         for attempt in range(200):
             state = _info.inspect(paths)
