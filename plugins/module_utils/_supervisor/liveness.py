@@ -13,9 +13,7 @@ signalled. :func:`socket_answers` is for waiting on a daemon whose pid is not kn
 
 from __future__ import annotations
 
-import errno
 import os
-import socket
 import typing as t
 from dataclasses import dataclass, field
 
@@ -30,42 +28,16 @@ PIPE_DIR_FILES = ('control', 'control_privileged', 'log', PID_FILE)
 DEFAULT_PIPE_DIR = '/tmp/nvidia-mps'
 
 
-def socket_answers(path: str, timeout: float = 2.0) -> t.Optional[bool]:
-    """Whether a daemon listens on the control socket ``path``: True, False (missing or refused), None (cannot tell).
-
-    A bare connect, closed at once: the daemon logs ``Accepting connection...`` and, as for any peer that
-    sends no credentials, ``User did not send valid credentials``; nothing else happens.
-    """
-    try:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    except OSError:
-        return None
-    try:
-        sock.settimeout(timeout)
-        sock.connect(path)
-        return True
-    except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
-        return False
-    except (BlockingIOError, socket.timeout):
-        return True  # a full backlog (EAGAIN on AF_UNIX): bound and listening, but not accepting - a hung daemon
-    except OSError as exc:
-        if exc.errno in (errno.EPROTOTYPE, errno.EAGAIN):
-            return True  # bound by a listener of another socket type, or busy: somebody listens there
-        return None  # EACCES and the like: this process cannot tell
-    finally:
-        sock.close()
-
-
 @dataclass
 class DaemonState:
-    """What the pipe directory says about the daemon, without talking to it (a bare connect at most)."""
+    """What the pipe directory says about the daemon, without talking to it."""
 
     running: bool
     pid: t.Optional[int]
     pid_file_pid: t.Optional[int]
     leftovers: t.List[str] = field(default_factory=list)
-    # Set when the evidence disagrees (a live daemon process of this pipe directory, but no socket that
-    # answers): nothing may be cleaned, stopped, started or reset on the word of either.
+    # Set when the evidence disagrees (a live daemon process of this pipe directory, but no socket file to reach
+    # it by): nothing may be cleaned, stopped, started or reset on the word of either.
     conflict: t.Optional[str] = None
 
     @property

@@ -28,7 +28,7 @@ from .._resource.lock import ResourceLock, resource_lock
 from .._proc import daemon_dev_shm, is_zombie, pid_alive
 from .._resource.layout import DEFAULT_LOG_MODE, ResourcePaths
 from .._resource.store import start_environment
-from .liveness import PIPE_DIR_FILES, inspect, read_pid_file, socket_answers
+from .liveness import PIPE_DIR_FILES, inspect, read_pid_file
 
 ALREADY_RUNNING_TEXT = 'An instance of this daemon is already running'
 # What the daemon writes in its log directory.
@@ -253,10 +253,12 @@ class Daemon:
         return time.monotonic() - started >= self.stop_timeout > 0
 
     def _still_there(self, pid: t.Optional[int]) -> bool:
-        """The daemon has not exited yet: its process lives on, or (pid unknown) its socket still answers."""
+        """The daemon has not exited yet: its process lives on, or (pid unknown) a live process still holds its lock or is
+        the pid file's control daemon - never a connect: the real daemon's sockets outlive it, and each connect is a line
+        in its control.log."""
         if pid is not None:
             return pid_alive(pid) and is_zombie(pid) is False
-        return socket_answers(self.paths.control_socket) is True
+        return inspect(self.paths).pid is not None
 
     def clean_stale(self) -> t.List[str]:
         """Remove the files a dead daemon left in the pipe directory; return their names."""
