@@ -222,6 +222,9 @@ class Daemon:
         started = time.monotonic()
         failure: t.Optional[MpsError] = None
         rejected: t.Optional[str] = None
+        if pid is None:
+            # found before quit: a daemon may release its lock and remove its pid file before its process is gone
+            pid = inspect(self.paths).pid
         try:
             self.client.timeout = self.stop_timeout + self.start_timeout
             reply = self.query([quit_command(self.stop_timeout)])[0]
@@ -253,9 +256,9 @@ class Daemon:
         return time.monotonic() - started >= self.stop_timeout > 0
 
     def _still_there(self, pid: t.Optional[int]) -> bool:
-        """The daemon has not exited yet: its process lives on, or (pid unknown) a live process still holds its lock or is
-        the pid file's control daemon - never a connect: the real daemon's sockets outlive it, and each connect is a line
-        in its control.log."""
+        """The daemon has not exited yet: its process lives on, or (no pid found before quit) a live process holds its lock
+        or is the pid file's control daemon - never a connect: the real daemon's sockets outlive it, and each connect is
+        a line in its control.log."""
         if pid is not None:
             return pid_alive(pid) and is_zombie(pid) is False
         return inspect(self.paths).pid is not None
