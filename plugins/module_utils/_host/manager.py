@@ -253,6 +253,7 @@ class HostManager:
                 res.daemon = self._daemon(res, 'started', context(assume_stopped=True, shm_planned=p['shm'], **self._planned_limits(res)))
             body.take(res.name, res.limits)
             body.take(res.name, res.daemon)
+        body.warnings += self._pending_warning(listed)
         return self._order(body, listed, absent)
 
     def _order(self, body: HostOutcome, listed: t.List[_Resource], absent: bool) -> HostOutcome:
@@ -324,13 +325,18 @@ class HostManager:
     def _limits(self, res: _Resource, assume_stopped: bool) -> t.Any:
         plan = res.plan
         manager = self.limits_manager(res, assume_stopped)
-        out = manager.plan(plan.active_thread_percentage, plan.pinned_device_mem_limit, plan.replicas,
-                           self.params['running_servers'])
-        if out.pending and not assume_stopped:
-            out.warnings.append('%d running MPS server(s) of %s (pid %s) keep the limits they started with, and so do the '
-                                'clients they get from now on; running_servers=update sets their limits too' % (
-                                    len(out.pending), res.name, ', '.join(str(server['pid']) for server in out.pending)))
-        return out
+        return manager.plan(plan.active_thread_percentage, plan.pinned_device_mem_limit, plan.replicas, self.params['running_servers'])
+
+    @staticmethod
+    def _pending_warning(listed: t.List[_Resource]) -> t.List[str]:
+        """One warning for every resource whose running servers keep their old limits (a restarting one has none left)."""
+        pending = [(res.name, res.limits.pending) for res in listed if not res.restart and res.limits.pending]
+        if not pending:
+            return []
+        return ['running MPS servers keep the limits they started with, and so do the clients they get from now on - %s; '
+                'running_servers=update sets their limits too' % '; '.join(
+                    '%s: %d server(s) (pid %s)' % (name, len(servers), ', '.join(str(server['pid']) for server in servers))
+                    for name, servers in pending)]
 
     def _daemon(self, res: _Resource, state: str, host: HostContext) -> t.Any:
         p = self.params

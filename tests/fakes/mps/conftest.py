@@ -152,16 +152,28 @@ class SimHost:
                 out[key] = value
         return out
 
-    def start(self, *args: str, env: Optional[dict[str, str]] = None, check: bool = True, timeout: float = 15.0) -> subprocess.CompletedProcess:
-        """``nvidia-cuda-mps-control -d`` (or the given args)."""
-        proc = subprocess.run([PYTHON, SIM, *(args or ('-d',))], env=self.environ(env), capture_output=True, text=True,
+    @staticmethod
+    def make_dirs(environ: dict[str, str]) -> None:
+        """Create the pipe and log directories an environment names (0755), as a real ``-d`` needs them first."""
+        for name in ('CUDA_MPS_PIPE_DIRECTORY', 'CUDA_MPS_LOG_DIRECTORY'):
+            if environ.get(name):
+                os.makedirs(environ[name], mode=0o755, exist_ok=True)
+
+    def start(self, *args: str, env: Optional[dict[str, str]] = None, check: bool = True, timeout: float = 15.0,  # pylint: disable=too-many-arguments
+              make_dirs: bool = True) -> subprocess.CompletedProcess:
+        """``nvidia-cuda-mps-control -d`` (or the given args), the pipe and log directories created first unless make_dirs is False."""
+        environ = self.environ(env)
+        if make_dirs:
+            self.make_dirs(environ)
+        proc = subprocess.run([PYTHON, SIM, *(args or ('-d',))], env=environ, capture_output=True, text=True,
                               timeout=timeout, check=False)
         if check:
             assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr)
         return proc
 
     def foreground(self, *args: str, env: Optional[dict[str, str]] = None) -> subprocess.Popen:
-        """``nvidia-cuda-mps-control -f`` as a child process (stdout piped)."""
+        """``nvidia-cuda-mps-control -f`` as a child process (stdout piped), the pipe and log directories created first."""
+        self.make_dirs(self.environ(env))
         proc = subprocess.Popen([PYTHON, SIM, '-f', *args], env=self.environ(env), stdout=subprocess.PIPE,  # pylint: disable=consider-using-with
                                 stderr=subprocess.PIPE, text=True)
         self.procs.append(proc)

@@ -148,7 +148,7 @@ def test_log_dir_holds_control_and_server_log(running: SimHost) -> None:
 def test_missing_pipe_and_log_dirs_are_created(host: SimHost) -> None:
     deep_pipe = os.path.join(host.base, 'a', 'pipe')
     deep_log = os.path.join(host.base, 'b', 'log')
-    host.start(env={'CUDA_MPS_PIPE_DIRECTORY': deep_pipe, 'CUDA_MPS_LOG_DIRECTORY': deep_log})
+    host.start(env={'CUDA_MPS_PIPE_DIRECTORY': deep_pipe, 'CUDA_MPS_LOG_DIRECTORY': deep_log}, make_dirs=False)
     assert os.path.exists(os.path.join(deep_pipe, 'control'))
     assert os.path.exists(os.path.join(deep_log, 'control.log'))
     host.ui(['quit'], env={'CUDA_MPS_PIPE_DIRECTORY': deep_pipe})
@@ -175,7 +175,7 @@ def test_foreground_logs_to_stdout_and_quit_ends_it_with_0(host: SimHost) -> Non
 
 @pytest.mark.parametrize('args', [['-d', '-f'], ['-x'], ['-multiuser-server'], ['-d', '-d']])
 def test_bad_arguments_print_usage_and_exit_1(host: SimHost, args: list[str]) -> None:
-    proc = host.start(*args, check=False)
+    proc = host.start(*args, check=False, make_dirs=False)
     assert proc.returncode == 1
     assert 'Usage: nvidia-cuda-mps-control' in proc.stdout
     assert not os.path.exists(host.pipe)
@@ -309,6 +309,7 @@ def test_runs_through_a_wrapper_named_like_the_real_binary(host: SimHost) -> Non
         handle.write(f'#!/bin/sh\nexec {PYTHON} {SIM} "$@"\n')
     os.chmod(wrapper, 0o755)
     env = host.environ(PATH=f'{bindir}:{os.environ.get("PATH", "")}')
+    host.make_dirs(env)
     proc = subprocess.run(['nvidia-cuda-mps-control', '-d'], env=env, capture_output=True, text=True, timeout=15, check=False)
     assert (proc.returncode, proc.stdout) == (0, '')
     proc = subprocess.run(['nvidia-cuda-mps-control'], input='get_default_active_thread_percentage', env=env, capture_output=True,
@@ -372,6 +373,7 @@ def test_log_line_reproduces_the_real_format() -> None:
 def test_d_returns_even_when_the_caller_leaks_a_pipe_to_it(host: SimHost) -> None:
     # a caller that waits for EOF on a pipe it passed down must not wait for the daemon
     read_fd, write_fd = os.pipe()
+    host.make_dirs(host.environ())
     proc = subprocess.run([PYTHON, SIM, '-d'], env=host.environ(), pass_fds=(write_fd,), capture_output=True, text=True,
                           timeout=15, check=False)
     os.close(write_fd)

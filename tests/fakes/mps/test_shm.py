@@ -173,6 +173,7 @@ def test_shm_off_in_the_client_skips_the_check(running: SimHost) -> None:
 @needs_mount_ns
 def test_a_server_that_cannot_create_its_file_logs_it_and_carries_on(host: SimHost) -> None:
     # the daemon (and so its servers) sees a read-only /dev/shm
+    host.make_dirs(host.environ())
     proc, out, err = in_mount_ns(host, 'mount -t tmpfs -o ro tmpfs /dev/shm && exec "$@"', PYTHON, SIM, '-d')
     assert (proc.returncode, out, err) == (0, '', '')
     info = host.client('--once', env={'FAKE_MPS_SHM': 'off'}).info()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -181,6 +182,17 @@ def test_a_limits_change_never_silently_skips_a_running_server(host):
     assert out.resources[0]['limits']['pending'] and any('keep the limits they started with' in w for w in out.warnings)
     updated = host.run([{'name': 'train', 'devices': [0], 'active_thread_percentage': 25}], running_servers='update')
     assert updated.changed and not updated.resources[0]['limits']['pending']
+
+
+def test_servers_that_keep_their_limits_on_several_resources_are_one_warning_naming_each(host):
+    resources = [{'name': 'train', 'devices': [0], 'active_thread_percentage': 50}, {'name': 'infer', 'devices': [1], 'active_thread_percentage': 50}]
+    host.run(resources)
+    for name in ('train', 'infer'):
+        host.leave(host.client(name))
+    out = host.run([dict(res, active_thread_percentage=25) for res in resources])
+    pending = [w for w in out.warnings if 'keep the limits they started with' in w]
+    assert len(pending) == 1, out.warnings
+    assert re.search(r' - train: 1 server\(s\) \(pid \d+\); infer: 1 server\(s\) \(pid \d+\); running_servers=update', pending[0]), pending
 
 
 @pytest.mark.parametrize('name, message', [
