@@ -67,9 +67,9 @@ options:
         daemon and its clients alone. Check mode fails the same way, so a preview shows which jobs a change would end.
       - V(wait) waits up to O(busy_timeout) seconds for the clients to leave, then goes on; if they have not left, the
         task fails and nothing is stopped.
-      - V(terminate) goes on at once; C(quit -t) O(stop_timeout) then ends the servers of the clients still connected:
-        their GPU work is gone, their processes live on (as a real r580 driver did on an H200). The clients are named
-        in a warning and in RV(clients).
+      - V(terminate) goes on at once; C(quit -t) O(stop_timeout) then ends the servers of the clients still connected,
+        so their GPU work is gone while their processes live on (as a real r580 driver did on an H200). The clients
+        are named in a warning and in RV(clients).
       - A daemon with no client is stopped or restarted at once, whatever this option says.
     type: str
     choices: [refuse, wait, terminate]
