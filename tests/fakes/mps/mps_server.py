@@ -30,6 +30,9 @@ MSG_MAX = 1 << 18
 PR_SET_NAME = 15
 SHM_DIR = '/dev/shm'  # the same names as mps_common.SHM_DIR / SHM_PREFIX (this script stands alone)
 SHM_PREFIX = 'mps-sim-server.'
+# r580's server took ~0.1 s to exit once told to (gpu-evidence probe3.txt: `Try shutting down server` at .977, `exited` at
+# .072), so a get_server_list in the same batch as shutdown_server still lists it (probe.txt, "restart")
+SHUTDOWN_SECONDS = 0.1
 
 
 class Server:
@@ -162,6 +165,7 @@ class Server:
                 self.log(self.kind, f'Client {{PID: {msg.get("pid")}, Context ID: {msg.get("context")}}} disconnected')
             elif cmd == 'shutdown':
                 self.log(self.kind, 'Server is shutting down')
+                time.sleep(SHUTDOWN_SECONDS)
                 return 0
 
 
