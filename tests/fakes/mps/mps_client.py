@@ -9,7 +9,12 @@ SIGINT arrives, then disconnects and exits 0.
 
 Failures print a JSON line ``{"ok": false, "error": "CUDA_ERROR_...", ...}`` on
 stdout and the CUDA-style message on stderr, exit 1.  Losing the server while
-connected (terminate_client, forced quit, server killed) does the same, exit 1.
+connected (forced quit, server or daemon killed) prints the same two lines; then,
+with ``FAKE_MPS_CLIENT_ON_SERVER_LOSS=lives`` (the default: a real r580 client
+process outlived its server, gpu-evidence probe.txt and probe3.txt), the process
+stays until stdin closes or SIGTERM / SIGINT arrives and exits 1; with ``exits`` it
+exits 1 at once.  ``terminate_client`` always ends it at once, exit 1 (its effect on
+a real client process is not recorded: the simulator's old behaviour).
 
 Options:
   --uid N         drop to uid N (and its group, or --gid) before connecting
@@ -45,6 +50,7 @@ SUN_PATH_MAX = 107
 SHM_DIR = '/dev/shm'  # the same names as mps_common.SHM_DIR / SHM_PREFIX (this script stands alone)
 SHM_PREFIX = 'mps-sim-server.'
 SHM_MODES = ('check', 'off')
+LOSS_MODES = ('lives', 'exits')  # FAKE_MPS_CLIENT_ON_SERVER_LOSS (the same values as mps_common.SWITCHES)
 
 CUDA_ERRORS = {
     'CUDA_ERROR_NO_DEVICE': (100, 'no CUDA-capable device is detected'),
@@ -122,6 +128,11 @@ def main(argv: list[str]) -> int:
     if shm_mode not in SHM_MODES:
         print(f'mps-sim-client: FAKE_MPS_SHM={shm_mode!r}: expected one of {", ".join(SHM_MODES)}', file=sys.stderr, flush=True)
         return 2
+    loss_mode = os.environ.get('FAKE_MPS_CLIENT_ON_SERVER_LOSS', '').strip() or 'lives'
+    if loss_mode not in LOSS_MODES:
+        print(f'mps-sim-client: FAKE_MPS_CLIENT_ON_SERVER_LOSS={loss_mode!r}: expected one of {", ".join(LOSS_MODES)}',
+              file=sys.stderr, flush=True)
+        return 2
     try:
         devices = parse_devices(args.device)
     except ValueError:
@@ -151,10 +162,12 @@ def main(argv: list[str]) -> int:
         return fail('CUDA_ERROR_MPS_CONNECTION_FAILED', f'{control}: {exc.strerror or exc}')
     try:
         with open('/proc/self/cmdline', 'rb') as handle:
-            cmdline = ' '.join(part.decode(errors='replace') for part in handle.read().split(b'\0') if part)
+            argv = [part.decode(errors='replace') for part in handle.read().split(b'\0') if part]
     except OSError:
-        cmdline = ' '.join(sys.argv)
-    hello = {'type': 'client', 'devices': devices, 'cmdline': cmdline,
+        argv = list(sys.argv)
+    cmdline = ' '.join(argv)
+    # argv0: what r580's ps shows as COMMAND (the interpreter's path for a python client, gpu-evidence probe.txt)
+    hello = {'type': 'client', 'devices': devices, 'cmdline': cmdline, 'argv0': argv[0] if argv else '',
              'env_pct': os.environ.get('CUDA_MPS_ACTIVE_THREAD_PERCENTAGE'),
              'env_mem': os.environ.get('CUDA_MPS_PINNED_DEVICE_MEM_LIMIT')}
     try:
@@ -190,6 +203,7 @@ def main(argv: list[str]) -> int:
         watch.append(stdin_fd)
     except (OSError, ValueError):
         stdin_fd = -1
+    lost = False
     while True:
         ready = select.select(watch, [], [])[0]
         if stop_r in ready:
@@ -198,11 +212,18 @@ def main(argv: list[str]) -> int:
             event = recv(sock)
             error = str(event.get('error')) if event else 'CUDA_ERROR_MPS_RPC_FAILURE'
             detail = str(event.get('message', '')) if event else 'the connection to MPS was lost'
-            return fail(error, detail)
+            fail(error, detail)
+            if loss_mode == 'exits' or (event or {}).get('scope') == 'client' or stdin_fd < 0:
+                return 1
+            # its GPU work is gone, the process is not: it waits for the end of its stdin like a healthy one
+            lost = True
+            watch.remove(sock)
+            sock.close()
         if stdin_fd in ready and not os.read(stdin_fd, 65536):
             break
-    sock.close()
-    return 0
+    if not lost:
+        sock.close()
+    return 1 if lost else 0
 
 
 if __name__ == '__main__':

@@ -24,6 +24,9 @@ PIPE_FILES = (CONTROL, CONTROL_LOCK, CONTROL_PRIVILEGED, LOG_FIFO, PID_FILE)
 
 ALREADY_RUNNING = 'An instance of this daemon is already running'
 NO_DAEMON = 'Cannot find MPS control daemon process'
+# -d on r580 with a missing log directory / pipe directory (gpu-evidence compare.json, step 'start' of the real binary)
+NO_LOGS = 'Warning: Failed writing log files to directory [{log}]. No logs will be available.'
+NO_PIPE_DIR = 'Cannot access CUDA_MPS_PIPE_DIRECTORY={pipe}'
 MAX_SERVER_START_ATTEMPTS = 6
 
 # The client/server rendezvous in /dev/shm (FAKE_MPS_SHM): mps_server.py and mps_client.py
@@ -38,19 +41,23 @@ SHM_PREFIX = 'mps-sim-server.'
 
 SWITCHES: dict[str, tuple[str, tuple[str, ...]]] = {
     # name: (default, allowed values; empty tuple = free-form, validated elsewhere)
-    'FAKE_MPS_QUIT_REMOVES': ('all-but-lock', ()),
-    'FAKE_MPS_NO_DAEMON_STREAM': ('stdout', ('stdout', 'stderr')),
-    'FAKE_MPS_ERROR_STYLE': ('text', ('text', 'alt', 'silent')),
+    'FAKE_MPS_MISSING_DIRS': ('fail', ('fail', 'create')),
+    'FAKE_MPS_QUIT_REMOVES': ('r580', ()),
+    'FAKE_MPS_NO_DAEMON_STREAM': ('stderr', ('stdout', 'stderr')),
+    'FAKE_MPS_ERROR_STYLE': ('r580', ('r580', 'text', 'alt', 'silent')),
+    'FAKE_MPS_USAGE': ('r580', ('r580', 'short')),
     'FAKE_MPS_SERVER_CMD_OUTPUT': ('none', ('none', 'pid')),
-    'FAKE_MPS_UNSET_MEM_LIMIT': ('0M', ('0M', '0', 'empty', 'N/A', 'No limit')),
+    'FAKE_MPS_UNSET_MEM_LIMIT': ('empty', ('0M', '0', 'empty', 'N/A', 'No limit')),
     'FAKE_MPS_PRIORITY_OUTPUT': ('number', ('number', 'echo', 'name')),
-    'FAKE_MPS_DEVICE_CLIENT_LIST_FORMAT': ('uuid', ('uuid', 'pairs')),
+    'FAKE_MPS_PS_FORMAT': ('r580', ('r580', 'spaces')),
+    'FAKE_MPS_DEVICE_CLIENT_LIST_FORMAT': ('r580', ('r580', 'uuid', 'pairs')),
     'FAKE_MPS_CLIENT_LIST_SEP': ('newline', ('newline', 'space')),
     'FAKE_MPS_ENV_PINNED_MEM': ('default', ('default', 'servers', 'ignored')),
     'FAKE_MPS_MEM_READBACK': ('lossy', ('lossy', 'exact', 'unparseable')),
     'FAKE_MPS_UUID_LIMITS': ('ignored', ('ignored', 'applied')),
     'FAKE_MPS_BIND_FAILURE': ('silent', ('silent', 'error')),
     'FAKE_MPS_PIPE_DIR_MAX': ('87', ()),  # bytes, a non-negative integer (validated by mps_daemon.DaemonConfig)
+    'FAKE_MPS_LONG_PIPE': ('r580', ('r580', 'forum')),
     'FAKE_MPS_LOCK_KIND': ('posix', ('posix', 'ofd', 'flock', 'hidden')),
     'FAKE_MPS_UI_DROPPED': ('fail', ('fail', 'ok')),
     'FAKE_MPS_QUIT_REPLY': ('answer', ('answer', 'drop')),
@@ -60,6 +67,8 @@ SWITCHES: dict[str, tuple[str, tuple[str, ...]]] = {
     'FAKE_MPS_FAULT_UI': ('none', ('none', 'garbage', 'crash')),
     'FAKE_MPS_FAULT_KILL_ON': ('', ()),  # a UI command name (mps_daemon.UI_COMMANDS); empty = off
     'FAKE_MPS_SHM': ('check', ('check', 'off')),
+    # read by each mps_client.py process (it keeps its own copy of the values: it stands alone)
+    'FAKE_MPS_CLIENT_ON_SERVER_LOSS': ('lives', ('lives', 'exits')),
 }
 
 
@@ -80,6 +89,8 @@ def switch(name: str, environ: dict[str, str] | None = None) -> str:
 def quit_removes(value: str) -> tuple[str, ...]:
     """Pipe-dir entries a clean quit removes, from FAKE_MPS_QUIT_REMOVES."""
     presets = {
+        # what r580 left after a quit (gpu-evidence probe.txt): the sockets and the lock file stay
+        'r580': (LOG_FIFO, PID_FILE),
         'all': PIPE_FILES,
         'none': (),
         'all-but-lock': tuple(n for n in PIPE_FILES if n != CONTROL_LOCK),
@@ -90,7 +101,7 @@ def quit_removes(value: str) -> tuple[str, ...]:
     names = tuple(n.strip() for n in value.split(',') if n.strip())
     unknown = [n for n in names if n not in PIPE_FILES]
     if unknown or not names:
-        raise SwitchError(f'FAKE_MPS_QUIT_REMOVES={value!r}: expected all, none, all-but-lock, sockets or a comma list of {", ".join(PIPE_FILES)}')
+        raise SwitchError(f'FAKE_MPS_QUIT_REMOVES={value!r}: expected r580, all, none, all-but-lock, sockets or a comma list of {", ".join(PIPE_FILES)}')
     return names
 
 

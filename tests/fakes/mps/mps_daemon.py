@@ -36,8 +36,8 @@ SERVER_SCRIPT = os.path.join(HERE, 'mps_server.py')
 sys.path.insert(0, HERE)
 
 from mps_common import (  # noqa: E402  pylint: disable=wrong-import-position
-    ALREADY_RUNNING, CONTROL, CONTROL_LOCK, CONTROL_PRIVILEGED, LOG_FIFO, MAX_SERVER_START_ATTEMPTS, MSG_MAX, PID_FILE,
-    SUN_PATH_MAX, DEFAULT_LOG_DIR, DEFAULT_PIPE_DIR, SwitchError, quit_removes, recv_msg, send_msg, switch,
+    ALREADY_RUNNING, CONTROL, CONTROL_LOCK, CONTROL_PRIVILEGED, LOG_FIFO, MAX_SERVER_START_ATTEMPTS, MSG_MAX, NO_LOGS, NO_PIPE_DIR,
+    PID_FILE, SUN_PATH_MAX, DEFAULT_LOG_DIR, DEFAULT_PIPE_DIR, SwitchError, quit_removes, recv_msg, send_msg, switch,
 )
 
 # --------------------------------------------------------------------------
@@ -305,6 +305,11 @@ ERROR_TEXTS: dict[str, tuple[str, str]] = {
     'busy': ('A server for user {uid} is active with clients', 'Error: server busy'),
     'denied': ('Permission denied: {cmd} requires root', 'Error: permission denied'),
 }
+# Style r580: the texts the real r580 binary printed (gpu-evidence probe.txt, "unknown + bad"); every other kind
+# keeps the "text" style's text (not recorded). A bad percentage is not an error there: the value in force is printed.
+R580_TEXTS: dict[str, str] = {
+    'unknown': 'Unknown command "{cmd}"',
+}
 
 
 # name -> Daemon method; the one list of the UI's commands (FAKE_MPS_FAULT_KILL_ON is checked against it)
@@ -348,6 +353,10 @@ class CmdError(Exception):
         if style == 'silent':
             return None
         text, alt = ERROR_TEXTS[self.kind]
+        if style == 'r580':
+            if 'in_force' in self.fields:  # a rejected percentage: r580 answers with the value still in force
+                return str(self.fields['in_force'])
+            text = R580_TEXTS.get(self.kind, text)
         return (alt if style == 'alt' else text).format(**self.fields)
 
 
@@ -376,11 +385,13 @@ class DaemonConfig:  # pylint: disable=too-many-instance-attributes
     env_pct: Optional[float]
     env_mem: dict[int, int]
     env_priority: int
+    missing_dirs: str
     quit_removes: tuple[str, ...]
     error_style: str
     server_cmd_output: str
     unset_mem: str
     priority_output: str
+    ps_format: str
     device_client_list_format: str
     client_list_sep: str
     env_pinned_mem: str
@@ -388,6 +399,7 @@ class DaemonConfig:  # pylint: disable=too-many-instance-attributes
     uuid_limits: str
     bind_failure: str
     pipe_dir_max: int
+    long_pipe: str
     lock_kind: str
     quit_reply: str
     server_init_delay: float
@@ -427,11 +439,13 @@ class DaemonConfig:  # pylint: disable=too-many-instance-attributes
             env_pct=env_pct,
             env_mem=parse_env_mem(env.get('CUDA_MPS_PINNED_DEVICE_MEM_LIMIT', ''), gpus),
             env_priority=int(prio) if prio in ('0', '1') else 0,
+            missing_dirs=switch('FAKE_MPS_MISSING_DIRS', env),
             quit_removes=quit_removes(switch('FAKE_MPS_QUIT_REMOVES', env)),
             error_style=switch('FAKE_MPS_ERROR_STYLE', env),
             server_cmd_output=switch('FAKE_MPS_SERVER_CMD_OUTPUT', env),
             unset_mem=switch('FAKE_MPS_UNSET_MEM_LIMIT', env),
             priority_output=switch('FAKE_MPS_PRIORITY_OUTPUT', env),
+            ps_format=switch('FAKE_MPS_PS_FORMAT', env),
             device_client_list_format=switch('FAKE_MPS_DEVICE_CLIENT_LIST_FORMAT', env),
             client_list_sep=switch('FAKE_MPS_CLIENT_LIST_SEP', env),
             env_pinned_mem=switch('FAKE_MPS_ENV_PINNED_MEM', env),
@@ -439,6 +453,7 @@ class DaemonConfig:  # pylint: disable=too-many-instance-attributes
             uuid_limits=switch('FAKE_MPS_UUID_LIMITS', env),
             bind_failure=switch('FAKE_MPS_BIND_FAILURE', env),
             pipe_dir_max=int(pipe_max),
+            long_pipe=switch('FAKE_MPS_LONG_PIPE', env),
             lock_kind=switch('FAKE_MPS_LOCK_KIND', env),
             quit_reply=switch('FAKE_MPS_QUIT_REPLY', env),
             server_init_delay=max(0.0, delay),
@@ -475,6 +490,7 @@ class ClientRec:  # pylint: disable=too-many-instance-attributes,too-few-public-
         self.uid = uid
         self.conn = conn
         self.cmdline = cmdline
+        self.argv0 = cmdline.split(' ', 1)[0]  # what r580's ps shows as COMMAND (see handle_client)
         self.namespace = namespace
         self.devices: list[int] = []
         self.env_pct: Optional[float] = None
@@ -587,16 +603,14 @@ class Daemon:
     # ---------------------------------------------------------------- setup
 
     def setup(self) -> tuple[int, Optional[str]]:
-        """Create the pipe/log dirs, take the lock, bind the sockets.
+        """Check (or create) the pipe/log dirs, take the lock, bind the sockets.
 
-        Returns (exit code, message for stdout).  Exit code 0: the daemon listens.
+        Returns (exit code, message for stdout).  Exit code 0: the daemon listens (the message, if any, a warning).
         """
         pipe = self.cfg.pipe_dir
-        try:
-            os.makedirs(pipe, mode=0o755, exist_ok=True)
-            os.makedirs(self.cfg.log_dir, mode=0o755, exist_ok=True)
-        except OSError as exc:
-            return 1, f'Failed to create directory: {exc.strerror}'
+        refusal, warning = self.check_dirs()
+        if refusal:
+            return 1, refusal
         try:
             self.lock_fd = os.open(self.path(CONTROL_LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
         except OSError as exc:
@@ -608,14 +622,18 @@ class Daemon:
             os.fchmod(self.lock_fd, 0o666)
         except OSError:
             pass
-        if len(os.fsencode(pipe)) > self.cfg.pipe_dir_max:
+        too_long = len(os.fsencode(pipe)) > self.cfg.pipe_dir_max
+        if too_long and self.cfg.long_pipe == 'forum':
             self.fail_silently()
             return 0, None
-        try:
-            self.control_log = open(os.path.join(self.cfg.log_dir, 'control.log'), 'a', encoding='utf-8')  # pylint: disable=consider-using-with
-            self.server_log = open(os.path.join(self.cfg.log_dir, 'server.log'), 'a', encoding='utf-8')  # pylint: disable=consider-using-with
-        except OSError as exc:
-            return 1, f'Failed to open log files in {self.cfg.log_dir}: {exc.strerror}'
+        if warning is None:
+            try:
+                self.control_log = open(os.path.join(self.cfg.log_dir, 'control.log'), 'a', encoding='utf-8')  # pylint: disable=consider-using-with
+                self.server_log = open(os.path.join(self.cfg.log_dir, 'server.log'), 'a', encoding='utf-8')  # pylint: disable=consider-using-with
+            except OSError as exc:
+                if self.cfg.missing_dirs == 'create':
+                    return 1, f'Failed to open log files in {self.cfg.log_dir}: {exc.strerror}'
+                warning = NO_LOGS.format(log=self.cfg.log_dir)  # [I]: as a missing log dir
         control = self.path(CONTROL)
         self.log(f'Starting control daemon using socket {control}')
         for name in (CONTROL, CONTROL_PRIVILEGED, LOG_FIFO, PID_FILE):
@@ -625,6 +643,8 @@ class Daemon:
                 pass
             except OSError as exc:
                 self.log(f'Failed to remove stale {self.path(name)}: {exc.strerror}')
+        if too_long:
+            return self.fail_long_pipe()
         if len(os.fsencode(control)) > SUN_PATH_MAX:
             self.log(f'Failed to bind socket {control}: File name too long')
             return (1 if self.cfg.bind_failure == 'error' else 0), (f'Failed to bind socket {control}' if self.cfg.bind_failure == 'error' else None)
@@ -664,7 +684,26 @@ class Daemon:
             self.log(f'CUDA MPS Control binary version: {self.cfg.cuda_version}')
         self.wake_r, self.wake_w = os.pipe()
         threading.Thread(target=self.fifo_reader, daemon=True).start()
-        return 0, None
+        return 0, warning
+
+    def check_dirs(self) -> tuple[Optional[str], Optional[str]]:
+        """(why the start ends, the warning to print) for the pipe and log dirs, per FAKE_MPS_MISSING_DIRS.
+
+        ``fail``: r580 creates neither (gpu-evidence compare.json, 'start'): a missing log dir is a warning, a
+        missing pipe dir the end, printed between two warnings when both are missing. ``create``: both created.
+        """
+        if self.cfg.missing_dirs == 'create':
+            try:
+                os.makedirs(self.cfg.pipe_dir, mode=0o755, exist_ok=True)
+                os.makedirs(self.cfg.log_dir, mode=0o755, exist_ok=True)
+            except OSError as exc:
+                return f'Failed to create directory: {exc.strerror}', None
+            return None, None
+        warning = None if os.path.isdir(self.cfg.log_dir) else NO_LOGS.format(log=self.cfg.log_dir)
+        pipe = self.cfg.pipe_dir
+        if not (os.path.isdir(pipe) and os.access(pipe, os.W_OK | os.X_OK)):
+            return '\n'.join(line for line in (warning, NO_PIPE_DIR.format(pipe=pipe), warning) if line), None
+        return None, warning
 
     def take_lock(self) -> bool:
         """The single-instance check on the open control_lock, of the kind FAKE_MPS_LOCK_KIND names.
@@ -720,6 +759,21 @@ class Daemon:
             pass
         self.release_lock()
 
+    def fail_long_pipe(self) -> tuple[int, Optional[str]]:
+        """A pipe dir longer than FAKE_MPS_PIPE_DIR_MAX under FAKE_MPS_LONG_PIPE=r580 (gpu-evidence probe.txt, len=88).
+
+        r580 logged its two first start lines, left the log FIFO beside control_lock and exited 1 without a word.
+        """
+        try:
+            os.mkfifo(self.path(LOG_FIFO), 0o777)
+            os.chmod(self.path(LOG_FIFO), 0o777)
+        except OSError:
+            pass
+        self.log(f'To connect CUDA applications to this daemon, set env CUDA_MPS_PIPE_DIRECTORY={self.cfg.pipe_dir}')
+        self.close_logs()
+        self.release_lock()
+        return 1, None
+
     def fifo_reader(self) -> None:
         """Copy what servers write on <pipe>/log into server.log, line by line."""
         buf = b''
@@ -763,6 +817,12 @@ class Daemon:
                 os.unlink(self.path(name))
             except OSError:
                 pass
+        self.log('Exit with status 0')
+        self.close_logs()
+        self.release_lock()
+
+    def close_logs(self) -> None:
+        """Close control.log and server.log."""
         with self.log_lock:
             for handle in (self.control_log, self.server_log):
                 if handle is not None:
@@ -772,7 +832,6 @@ class Daemon:
                         pass
             self.control_log = None
             self.server_log = None
-        self.release_lock()
 
     def request_stop(self) -> None:
         """Wake the accept loop so that it ends."""
@@ -839,8 +898,8 @@ class Daemon:
                     self.log(text)
             if line.split()[:1] == ['quit'] and self.quit_done:
                 # stop listening, remove the files and release the lock BEFORE answering:
-                # once quit returns, a new -d on this pipe dir starts at once
-                self.log('UI closed')
+                # once quit returns, a new -d on this pipe dir starts at once. control.log ends with
+                # `Exit with status 0` (finish), no `UI closed`, as r580's did (gpu-evidence probe3.txt)
                 self.request_stop()
                 self.finished.wait(10.0)
                 if self.cfg.quit_reply == 'answer':  # drop: the UI sees the session end unanswered
@@ -938,10 +997,11 @@ class Daemon:
         if len(args) < low or len(args) > (low if high is None else high):
             raise CmdError('usage', cmd=name)
 
-    def _pct_arg(self, token: str) -> float:
+    @staticmethod
+    def _pct_arg(token: str, in_force: float) -> float:
         value = parse_percentage(token)
         if value is None:
-            raise CmdError('value', value=token)
+            raise CmdError('value', value=token, in_force=format_percentage(in_force))
         return value
 
     @staticmethod
@@ -1036,6 +1096,7 @@ class Daemon:
             for client in list(srv.clients):
                 self._drop_client(client, 'CUDA_ERROR_MPS_CLIENT_TERMINATED', 'the MPS control daemon was told to quit')
             srv.draining = True
+            self.log(f'Try shutting down server {srv.pid}, backoff is disabled')  # r580's line (gpu-evidence probe3.txt)
             self._send_shutdown(srv)
         self._wait_servers_gone(3.0)
         for srv in self._alive_servers():
@@ -1056,7 +1117,7 @@ class Daemon:
     def cmd_set_default_pct(self, args: list[str], _priv: bool) -> Optional[str]:
         """Default active thread percentage for servers started later; prints the stored value."""
         self._nargs('set_default_active_thread_percentage', args, 1)
-        self.default_pct = self._pct_arg(args[0])
+        self.default_pct = self._pct_arg(args[0], self.default_pct)
         return format_percentage(self.default_pct)
 
     def cmd_get_default_pct(self, args: list[str], _priv: bool) -> Optional[str]:
@@ -1068,7 +1129,7 @@ class Daemon:
         """A server's active thread percentage, for clients that connect afterwards."""
         self._nargs('set_active_thread_percentage', args, 2)
         srv = self._server(args[0])
-        srv.pct = self._pct_arg(args[1])
+        srv.pct = self._pct_arg(args[1], srv.pct)
         return format_percentage(srv.pct)
 
     def cmd_get_pct(self, args: list[str], _priv: bool) -> Optional[str]:
@@ -1086,7 +1147,10 @@ class Daemon:
     def cmd_get_default_mem(self, args: list[str], _priv: bool) -> Optional[str]:
         """Default pinned memory limit of a device (lossy readback)."""
         self._nargs('get_default_device_pinned_mem_limit', args, 1)
-        return self._mem_out(self.default_mem.get(self._dev_key(args[0])))
+        out = self._mem_out(self.default_mem.get(self._dev_key(args[0])))
+        if out is None:  # r580 printed nothing and logged this (gpu-evidence probe.txt)
+            self.log('No default pinned memory limit set for the device!')
+        return out
 
     def cmd_set_mem(self, args: list[str], _priv: bool) -> Optional[str]:
         """A server's pinned memory limit of a device, for clients that connect afterwards."""
@@ -1126,7 +1190,8 @@ class Daemon:
         srv = self._server(args[0])
         for client in srv.clients:
             if str(client.pid) == args[1]:
-                self._drop_client(client, 'CUDA_ERROR_MPS_CLIENT_TERMINATED', 'the client was terminated by terminate_client')
+                self._drop_client(client, 'CUDA_ERROR_MPS_CLIENT_TERMINATED', 'the client was terminated by terminate_client',
+                                  scope='client')
                 self._schedule()
                 return '0'
         raise CmdError('client', pid=args[1], server=args[0])
@@ -1135,13 +1200,18 @@ class Daemon:
         """ps [-p SERVER_PID]: a header and a row per client (of that server only with -p)."""
         if args and (len(args) != 2 or args[0] != '-p' or not args[1].isdigit()):
             raise CmdError('usage', cmd='ps')
-        rows = ['PID ID SERVER DEVICE NAMESPACE COMMAND']
+        r580 = self.cfg.ps_format == 'r580'
+        header = ('PID', 'ID', 'SERVER', 'DEVICE', 'NAMESPACE', 'COMMAND')
+        rows = [PS_ROW % header if r580 else ' '.join(header)]
         for srv in self._alive_servers():
             if args and str(srv.pid) != args[1]:
                 continue
             for client in srv.clients:
                 dev = short_uuid(self.cfg.gpus[client.devices[0]].uuid) if client.devices else '-'
-                rows.append(f'{client.pid} {client.context_id} {srv.pid} {dev} {client.namespace} {client.cmdline}')
+                if r580:
+                    rows.append(PS_ROW % (client.pid, client.context_id + 1, srv.pid, dev, client.namespace, client.argv0))
+                else:
+                    rows.append(f'{client.pid} {client.context_id} {srv.pid} {dev} {client.namespace} {client.cmdline}')
         return '\n'.join(rows)
 
     def cmd_get_device_client_list(self, args: list[str], _priv: bool) -> Optional[str]:
@@ -1150,6 +1220,12 @@ class Daemon:
         servers = [self._server(args[0])] if args else self._alive_servers()
         lines = []
         for ordinal, gpu in enumerate(self.cfg.gpus):
+            if self.cfg.device_client_list_format == 'r580':
+                # `[0] 00:00.0, NVIDIA H200` then `<pid>.<ID>` (gpu-evidence probe.txt); 00:00.0 as recorded (the GPU's
+                # bus id was 00:06.0), ID as in ps
+                lines.append(f'[{ordinal}] 00:00.0, {gpu.name}')
+                lines.extend(f'{c.pid}.{c.context_id + 1}' for s in servers for c in s.clients if ordinal in c.devices)
+                continue
             pids = [str(c.pid) for s in servers for c in s.clients if ordinal in c.devices]
             if self.cfg.device_client_list_format == 'pairs':
                 lines.extend(f'{gpu.uuid} {pid}' for pid in pids)
@@ -1323,6 +1399,8 @@ class Daemon:
             devices = list(range(ndev))
         env_mem_raw = hello.get('env_mem') or {}
         client = ClientRec(pid=pid, uid=uid, conn=conn, cmdline=str(hello.get('cmdline') or ''), namespace=_pid_namespace(pid))
+        if isinstance(hello.get('argv0'), str) and hello['argv0']:
+            client.argv0 = hello['argv0']
         if isinstance(hello.get('env_pct'), str):
             client.env_pct = parse_percentage(hello['env_pct'])
         if isinstance(env_mem_raw, str):
@@ -1412,14 +1490,18 @@ class Daemon:
                 send_msg(srv.conn, {'cmd': 'client_disconnected', 'pid': client.pid, 'context': client.context_id})
         self.cond.notify_all()
 
-    def _drop_client(self, client: ClientRec, error: str, message: str) -> None:
-        """End a client's connection from the daemon side (error, terminate, forced quit)."""
+    def _drop_client(self, client: ClientRec, error: str, message: str, scope: str = 'server') -> None:
+        """End a client's connection from the daemon side (error, terminate, forced quit).
+
+        scope ``client``: the client itself was ended (terminate_client), its process exits whatever
+        FAKE_MPS_CLIENT_ON_SERVER_LOSS says; ``server``: it lost its server (or never got one).
+        """
         if client.state == 'pending':
             self.pending.remove(client)
             client.state = 'gone'
         elif client.state == 'attached':
             self._detach(client)
-        send_msg(client.conn, {'ok': False, 'event': 'terminated', 'error': error, 'message': message})
+        send_msg(client.conn, {'ok': False, 'event': 'terminated', 'error': error, 'message': message, 'scope': scope})
         try:
             client.conn.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -1454,6 +1536,11 @@ class Daemon:
                 if srv.state == 'FAULT' and not self.pending:
                     continue
                 self._send_shutdown(srv)
+
+
+# ps under FAKE_MPS_PS_FORMAT=r580: the widths of r580's header, `PID       ID        SERVER ...` (gpu-evidence probe.txt);
+# the rows padded alike [I]: a COMMAND longer than its 15 columns as is (recorded), a shorter one padded (not recorded)
+PS_ROW = '%-10s%-10s%-15s%-26s%-15s%-15s'
 
 
 def short_uuid(uuid: str) -> str:

@@ -17,6 +17,7 @@ import os
 import signal
 import socket
 import sys
+from typing import Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -24,12 +25,79 @@ from mps_common import (  # noqa: E402  pylint: disable=wrong-import-position
     CONTROL, DEFAULT_PIPE_DIR, NO_DAEMON, SUN_PATH_MAX, SwitchError, recv_msg, send_msg, switch,
 )
 
+# FAKE_MPS_USAGE=short: the simulator's own usage text (its answer before r580 was recorded)
 USAGE = """Usage: nvidia-cuda-mps-control [-d | -f] [-multiuser-server]
   -d                  start the MPS control daemon in the background
   -f                  start the MPS control daemon in the foreground (log to stdout)
   -multiuser-server   one root MPS server shared by all users (root only, with -d or -f)
   -h, --help          show this help
 Without arguments: read control commands from stdin, one per line."""
+
+# FAKE_MPS_USAGE=r580: r580's help text, byte for byte (gpu-evidence probe2.txt, after its "Unrecognized option" line)
+R580_HELP = (
+    'CUDA MPS Control for Linux/Unix/QNX.\n'
+    'Copyright (C) 2003 - 2025 NVIDIA Corporation.\n'
+    '\n'
+    '  This program allows multiple CUDA processes to share a single GPU context. For information on how to use'
+    ' the CUDA MPS, see the nvidia-cuda-mps-control manual page.\n'
+    '\n'
+    'nvidia-cuda-mps-control [options] [command]\n'
+    'OPTIONS:\n'
+    '  -h,--help                Print this message\n'
+    '  -d,--daemon              Setup the daemon in the background\n'
+    '  -f,--forground           Setup the daemon in the foreground\n'
+    '  -M,--multiuser-server    Enable multi-user mode\n'
+    '  -q,--ready-devices      Prepare the daemon to query devices on startup\n'
+    '\n'
+    'COMMAND:\n'
+    '  start_server -uid <user id>\n'
+    '                       Start a new instance of nvidia-cuda-mps-server with the given user ID\n'
+    '  quit\n'
+    '                       Terminate the controller\n'
+    '  get_server_list\n'
+    '                       Print out a list of servers\n'
+    '  get_server_status <PID>\n'
+    '                       Print out the status of the server\n'
+    '  get_client_list <PID>\n'
+    '                       List the client applications connected to the server\n'
+    '  get_device_client_list [<PID>]\n'
+    '                       List the devices and their client applications\n'
+    '  ps [-p PID]\n'
+    '                       Report a snapshot of the current client processes\n'
+    '  set_default_active_thread_percentage <percentage>\n'
+    '                       Set default active thread percentage for upcoming servers\n'
+    '  get_default_active_thread_percentage\n'
+    '                       Query the current default available thread percentage\n'
+    '  set_active_thread_percentage <PID> <percentage>\n'
+    '                       Override the active thread percentage of the MPS server\n'
+    '  get_active_thread_percentage <PID>\n'
+    '                       Query the current active thread percentage of the MPS server\n'
+    '  set_default_device_pinned_mem_limit <dev> <value>\n'
+    '                       Set default device pinned memory for upcoming servers\n'
+    '  get_default_device_pinned_mem_limit <dev>\n'
+    '                       Query the current default pinned memory limit for the device\n'
+    '  set_device_pinned_mem_limit <PID> <dev> <value>\n'
+    '                       Override the device pinned memory limit for MPS servers\n'
+    '  get_device_pinned_mem_limit <PID> <dev>\n'
+    '                       Query the current device pinned memory limit of the MPS server for the device\n'
+    '  set_default_client_priority <priority>\n'
+    '                       Sets default client priority for incoming clients\n'
+    '  get_default_client_priority\n'
+    '                       Query the current priority value that will be used for new clients\n'
+    '  terminate_client <server PID> <client PID>\n'
+    '                       Terminate all the outstanding GPU work of the MPS client process running on the MPS server\n'
+    '  device_query [<PID>] [--csv]\n'
+    '                       Enumerate all usable devices\n'
+    '\n'
+)
+# r580 printed this line, its last byte a NUL, before the help for an option it did not know (probe2.txt: -S, -p)
+UNRECOGNIZED_OPTION = b'Unrecognized option \x00\n'
+# r580's options (its help text; -multiuser-server from the strings of the binary), by what each does
+R580_OPTIONS = {
+    '-h': 'help', '--help': 'help', '-d': '-d', '--daemon': '-d', '-f': '-f', '--forground': '-f',
+    '-M': '-multiuser-server', '--multiuser-server': '-multiuser-server', '-multiuser-server': '-multiuser-server',
+    '-q': '-q', '--ready-devices': '-q',
+}
 
 
 # --------------------------------------------------------------------------
@@ -89,21 +157,50 @@ def run_ui() -> int:
     return dropped_rc if answered < len(commands) else 0
 
 
+def r580_options(args: list[str]) -> tuple[Optional[int], list[str]]:
+    """FAKE_MPS_USAGE=r580: (exit status when the help text was printed, else None; the options as -d/-f/... words).
+
+    ``-h``/``--help``: the help, exit 0. An option r580 does not know: ``Unrecognized option``, the help, exit 0,
+    nothing started (gpu-evidence probe2.txt). ``-q`` is accepted and does nothing here.
+    """
+    words = []
+    for arg in args:
+        word = R580_OPTIONS.get(arg)
+        if word == 'help' or (word is None and arg.startswith('-')):
+            out = sys.stdout.buffer
+            if word is None:
+                out.write(UNRECOGNIZED_OPTION)
+            out.write(R580_HELP.encode())
+            out.flush()
+            return 0, []
+        words.append(word or arg)
+    return None, [w for w in words if w != '-q']
+
+
 def main(argv: list[str]) -> int:
     """Entry point with the real binary's argv."""
     args = argv[1:]
     if not args:
         return run_ui()
-    if any(a in ('-h', '--help', '-help') for a in args):
+    try:
+        style = switch('FAKE_MPS_USAGE')
+    except SwitchError as exc:
+        print(f'nvidia-cuda-mps-control (simulator): {exc}', file=sys.stderr)
+        return 2
+    usage = USAGE + '\n' if style == 'short' else R580_HELP
+    if style == 'r580':
+        code, args = r580_options(args)
+        if code is not None:
+            return code
+    elif any(a in ('-h', '--help', '-help') for a in args):
         print(USAGE, flush=True)
         return 0
+    # not recorded on r580 (a command word, -d with -f, an option twice, -M alone): the help text, exit 1
     known = {'-d', '-f', '-multiuser-server'}
-    if any(a not in known for a in args) or len(set(args)) != len(args):
-        print(USAGE, flush=True)
-        return 1
     background, foreground = '-d' in args, '-f' in args
-    if background == foreground:
-        print(USAGE, flush=True)
+    if any(a not in known for a in args) or len(set(args)) != len(args) or background == foreground:
+        sys.stdout.write(usage)
+        sys.stdout.flush()
         return 1
     import mps_daemon  # pylint: disable=import-outside-toplevel  # the UI stays light
     return mps_daemon.start_daemon(foreground, '-multiuser-server' in args)

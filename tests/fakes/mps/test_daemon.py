@@ -8,10 +8,13 @@ import fcntl
 import os
 import re
 import select
+import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -112,7 +115,7 @@ def test_sigkill_leaves_all_files_and_a_new_d_starts(running: SimHost) -> None:
     wait_until(lambda: not pid_alive(pid), what='daemon death')
     assert sorted(os.listdir(running.pipe)) == before
     proc = running.ui(['get_server_list'])
-    assert (proc.returncode, proc.stdout) == (1, 'Cannot find MPS control daemon process\n')
+    assert (proc.returncode, proc.stderr) == (1, 'Cannot find MPS control daemon process\n')
     running.start()
     new = running.daemon_pid()
     assert new != pid and pid_alive(new)
@@ -145,10 +148,44 @@ def test_log_dir_holds_control_and_server_log(running: SimHost) -> None:
     assert sorted(os.listdir(running.logdir)) == ['control.log', 'server.log']
 
 
-def test_missing_pipe_and_log_dirs_are_created(host: SimHost) -> None:
+def _warning(log: str) -> str:
+    return f'Warning: Failed writing log files to directory [{log}]. No logs will be available.'
+
+
+def test_d_with_a_missing_pipe_dir_exits_1_and_starts_nothing(host: SimHost) -> None:
+    # r580 (gpu-evidence compare.json, step 'start' of the real binary): Warning, Cannot access, Warning; exit 1
+    proc = host.start(check=False, make_dirs=False)
+    assert (proc.returncode, proc.stderr) == (1, '')
+    assert proc.stdout == f'{_warning(host.logdir)}\nCannot access CUDA_MPS_PIPE_DIRECTORY={host.pipe}\n{_warning(host.logdir)}\n'
+    assert sorted(os.listdir(host.base)) == ['nvml.ini']  # nothing created
+    assert not _processes_naming(host.pipe)
+    again = host.start(check=False, make_dirs=False)  # and again: the same
+    assert (again.returncode, again.stdout) == (1, proc.stdout)
+
+
+def test_d_with_a_missing_pipe_dir_and_a_log_dir_prints_only_cannot_access(host: SimHost) -> None:
+    os.mkdir(host.logdir)
+    proc = host.start(check=False, make_dirs=False)
+    assert (proc.returncode, proc.stdout) == (1, f'Cannot access CUDA_MPS_PIPE_DIRECTORY={host.pipe}\n')  # [I]
+    assert not os.path.exists(host.pipe) and os.listdir(host.logdir) == []
+
+
+def test_d_with_a_missing_log_dir_warns_and_runs_without_logs(host: SimHost) -> None:
+    os.mkdir(host.pipe)
+    proc = host.start(check=False, make_dirs=False)
+    assert (proc.returncode, proc.stdout) == (0, f'{_warning(host.logdir)}\n')  # [I]: not recorded on r580
+    assert host.out(['get_default_active_thread_percentage']) == '100.0\n'
+    assert host.client('--once').info()['ok'] is True
+    assert not os.path.exists(host.logdir)
+    host.quit()
+
+
+def test_missing_dirs_create_is_the_old_behaviour(host: SimHost) -> None:
     deep_pipe = os.path.join(host.base, 'a', 'pipe')
     deep_log = os.path.join(host.base, 'b', 'log')
-    host.start(env={'CUDA_MPS_PIPE_DIRECTORY': deep_pipe, 'CUDA_MPS_LOG_DIRECTORY': deep_log}, make_dirs=False)
+    proc = host.start(env={'CUDA_MPS_PIPE_DIRECTORY': deep_pipe, 'CUDA_MPS_LOG_DIRECTORY': deep_log, 'FAKE_MPS_MISSING_DIRS': 'create'},
+                      check=False, make_dirs=False)
+    assert (proc.returncode, proc.stdout) == (0, '')
     assert os.path.exists(os.path.join(deep_pipe, 'control'))
     assert os.path.exists(os.path.join(deep_log, 'control.log'))
     host.ui(['quit'], env={'CUDA_MPS_PIPE_DIRECTORY': deep_pipe})
@@ -173,17 +210,45 @@ def test_foreground_logs_to_stdout_and_quit_ends_it_with_0(host: SimHost) -> Non
     assert 'Cmd:quit' in out
 
 
-@pytest.mark.parametrize('args', [['-d', '-f'], ['-x'], ['-multiuser-server'], ['-d', '-d']])
-def test_bad_arguments_print_usage_and_exit_1(host: SimHost, args: list[str]) -> None:
+@pytest.mark.parametrize('args', [['-d', '-S'], ['-d', '-p', '3'], ['-x'], ['-S', '-d']])
+def test_an_unknown_option_prints_unrecognized_option_and_the_help_and_exits_0(host: SimHost, args: list[str]) -> None:
+    # r580 (gpu-evidence probe2.txt, -d -S and -d -p 3): the line ends in a NUL byte; no daemon, exit 0
+    host.make_dirs(host.environ())
+    proc = subprocess.run([PYTHON, SIM, *args], env=host.environ(), capture_output=True, timeout=15, check=False, cwd=host.base)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, b'Unrecognized option \x00\n' + mps_sim.R580_HELP.encode(), b'')
+    assert os.listdir(host.pipe) == [] and not _processes_naming(host.pipe)
+
+
+@pytest.mark.parametrize('flag', ['-h', '--help'])
+def test_help_prints_the_r580_help_text_and_exits_0(host: SimHost, flag: str) -> None:
+    proc = host.start(flag, check=False)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, mps_sim.R580_HELP, '')
+    lines = proc.stdout.split('\n')
+    # the first and last lines as probe2.txt holds them (the whole text was copied from it)
+    assert lines[:2] == ['CUDA MPS Control for Linux/Unix/QNX.', 'Copyright (C) 2003 - 2025 NVIDIA Corporation.']
+    assert '  -f,--forground           Setup the daemon in the foreground' in lines
+    assert lines[-4:] == ['  device_query [<PID>] [--csv]', '                       Enumerate all usable devices', '', '']
+    assert os.listdir(host.pipe) == []
+
+
+@pytest.mark.parametrize('args', [['--daemon'], ['-d', '-q'], ['-d', '--ready-devices'], ['-d', '-M'], ['-d', '--multiuser-server']])
+def test_r580_long_options_start_the_daemon(host: SimHost, args: list[str]) -> None:
+    host.start(*args)
+    assert host.state()['multiuser'] is any('-M' in a or 'multiuser' in a for a in args)
+
+
+@pytest.mark.parametrize('args', [['-d', '-f'], ['-multiuser-server'], ['-d', '-d'], ['get_server_list']])
+def test_unrecorded_argument_sets_print_the_help_and_exit_1(host: SimHost, args: list[str]) -> None:
     proc = host.start(*args, check=False, make_dirs=False)
-    assert proc.returncode == 1
-    assert 'Usage: nvidia-cuda-mps-control' in proc.stdout
+    assert (proc.returncode, proc.stdout) == (1, mps_sim.R580_HELP)
     assert not os.path.exists(host.pipe)
 
 
-def test_help_prints_usage_and_exits_0(host: SimHost) -> None:
-    proc = host.start('-h', check=False)
-    assert proc.returncode == 0 and 'Usage:' in proc.stdout
+@pytest.mark.parametrize('args,rc', [(['-x'], 1), (['-d', '-S'], 1), (['-h'], 0), (['-d', '-f'], 1)])
+def test_usage_short_is_the_old_usage_text(host: SimHost, args: list[str], rc: int) -> None:
+    proc = host.start(*args, env={'FAKE_MPS_USAGE': 'short'}, check=False)
+    assert (proc.returncode, proc.stdout) == (rc, mps_sim.USAGE + '\n')
+    assert os.listdir(host.pipe) == []
 
 
 def test_multiuser_server_requires_root(host: SimHost) -> None:
@@ -247,7 +312,7 @@ def test_control_path_over_107_bytes_cannot_bind_and_ui_cannot_find_the_daemon(h
     assert host.wait_log(f'Failed to bind socket {pipe}/control')
     assert not os.path.exists(os.path.join(pipe, 'control'))
     ui = host.ui(['get_server_list'], env=env)
-    assert (ui.returncode, ui.stdout) == (1, 'Cannot find MPS control daemon process\n')
+    assert (ui.returncode, ui.stderr) == (1, 'Cannot find MPS control daemon process\n')
     # the daemon did not stay: nothing holds the lock
     fd = os.open(os.path.join(pipe, 'control_lock'), os.O_RDWR)
     try:
@@ -265,16 +330,33 @@ def _lockable(fd: int) -> bool:
     return True
 
 
-def test_clean_quit_removes_everything_but_the_lock_by_default(running: SimHost) -> None:
+def test_quit_removes_the_log_fifo_and_the_pid_file_and_leaves_refusing_sockets(running: SimHost) -> None:
+    # r580 (gpu-evidence probe.txt, "quit -t 3" and "idle quit"): control, control_privileged, control_lock stay;
+    # connecting to control: ECONNREFUSED
     running.quit()
-    assert os.listdir(running.pipe) == ['control_lock']
+    assert sorted(os.listdir(running.pipe)) == ['control', 'control_lock', 'control_privileged']
+    for name in ('control', 'control_privileged'):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with pytest.raises(ConnectionRefusedError):
+            sock.connect(os.path.join(running.pipe, name))
+        sock.close()
+    assert not proc_locks(os.path.join(running.pipe, 'control_lock'))
     proc = running.ui(['get_server_list'])
-    assert (proc.returncode, proc.stdout) == (1, 'Cannot find MPS control daemon process\n')
+    assert (proc.returncode, proc.stderr) == (1, 'Cannot find MPS control daemon process\n')
 
 
-def test_quit_logs_the_command_and_closes_the_ui(running: SimHost) -> None:
+def test_quit_logs_r580s_shutdown_lines_and_exit_status(running: SimHost) -> None:
+    # r580 (gpu-evidence probe3.txt, the control.log tail): no `UI closed` after quit
+    spid = running.client('--once').info()['server_pid']
     running.quit()
-    assert running.log_messages()[-4:] == ['Accepting connection...', 'NEW UI', 'Cmd:quit', 'UI closed']
+    assert running.log_messages()[-6:] == ['Accepting connection...', 'NEW UI', 'Cmd:quit',
+                                           f'Try shutting down server {spid}, backoff is disabled',
+                                           f'Server {spid} exited with status 0', 'Exit with status 0']
+
+
+def test_idle_quit_logs_exit_with_status_0(running: SimHost) -> None:
+    running.quit()
+    assert running.log_messages()[-4:] == ['Accepting connection...', 'NEW UI', 'Cmd:quit', 'Exit with status 0']
 
 
 def test_restart_after_quit_works_and_appends_to_the_logs(running: SimHost) -> None:
@@ -286,12 +368,17 @@ def test_restart_after_quit_works_and_appends_to_the_logs(running: SimHost) -> N
     assert len(starts) == 2
 
 
-def test_daemon_sigterm_ends_it_like_a_crash(running: SimHost) -> None:
+def test_daemon_sigterm_ends_it_and_its_servers_and_leaves_every_file(running: SimHost) -> None:
+    # r580 (gpu-evidence probe3.txt, "TERM to the control daemon"): the pid file stays too
     pid = running.daemon_pid()
+    running.out(['start_server -uid 0'])
+    spid = wait_until(running.servers, what='server')[0]  # type: ignore[index]
     os.kill(pid, signal.SIGTERM)
-    wait_until(lambda: not pid_alive(pid), what='daemon exit')
-    assert 'control' in os.listdir(running.pipe)
+    wait_until(lambda: not pid_alive(pid) and not pid_alive(spid), what='daemon and server exit')
+    assert sorted(os.listdir(running.pipe)) == sorted(mps_common.PIPE_FILES)
+    assert running.daemon_pid() == pid
     running.start()
+    assert running.daemon_pid() != pid
 
 
 def test_invalid_switch_value_refuses_to_start(host: SimHost) -> None:
@@ -320,7 +407,7 @@ def test_runs_through_a_wrapper_named_like_the_real_binary(host: SimHost) -> Non
 def test_once_quit_returns_the_files_are_gone_and_a_new_d_starts_at_once(running: SimHost) -> None:
     for _attempt in range(3):
         assert running.out(['quit']) == ''
-        assert os.listdir(running.pipe) == ['control_lock']
+        assert sorted(os.listdir(running.pipe)) == ['control', 'control_lock', 'control_privileged']
         proc = running.start(check=False)
         assert (proc.returncode, proc.stdout) == (0, '')
 
@@ -468,10 +555,28 @@ def test_pipe_dir_of_87_bytes_works(host: SimHost) -> None:
 
 
 @pytest.mark.parametrize('length', [88, 99])
-def test_pipe_dir_over_87_bytes_fails_silently(host: SimHost, length: int) -> None:
+def test_pipe_dir_over_87_bytes_exits_1_silently_after_two_log_lines(host: SimHost, length: int) -> None:
+    # r580 (gpu-evidence probe.txt, len=88)
     pipe = _pipe_of_length(host, length)
     assert len(pipe.encode()) == length
     env = {'CUDA_MPS_PIPE_DIRECTORY': pipe}
+    proc = host.start(env=env, check=False)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (1, '', '')
+    assert sorted(os.listdir(pipe)) == ['control_lock', 'log']
+    assert stat.S_ISFIFO(os.lstat(os.path.join(pipe, 'log')).st_mode)
+    assert host.log_messages() == [f'Starting control daemon using socket {pipe}/control',
+                                   f'To connect CUDA applications to this daemon, set env CUDA_MPS_PIPE_DIRECTORY={pipe}']
+    wait_until(lambda: not _processes_naming(pipe), what='no daemon left')
+    assert not proc_locks(os.path.join(pipe, 'control_lock'))
+    ui = host.ui(['get_server_list'], env=env)
+    assert (ui.returncode, ui.stderr) == (1, 'Cannot find MPS control daemon process\n')
+
+
+@pytest.mark.parametrize('length', [88, 99])
+def test_long_pipe_forum_fails_silently_with_exit_0(host: SimHost, length: int) -> None:
+    pipe = _pipe_of_length(host, length)
+    assert len(pipe.encode()) == length
+    env = {'CUDA_MPS_PIPE_DIRECTORY': pipe, 'FAKE_MPS_LONG_PIPE': 'forum'}
     proc = host.start(env=env, check=False)
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, '', '')
     # only the lock and the log FIFO are left, nothing was logged, no daemon stays
@@ -482,7 +587,7 @@ def test_pipe_dir_over_87_bytes_fails_silently(host: SimHost, length: int) -> No
     wait_until(lambda: not _processes_naming(pipe), what='no daemon left')
     assert not proc_locks(os.path.join(pipe, 'control_lock'))
     ui = host.ui(['get_server_list'], env=env)
-    assert (ui.returncode, ui.stdout) == (1, 'Cannot find MPS control daemon process\n')
+    assert (ui.returncode, ui.stderr) == (1, 'Cannot find MPS control daemon process\n')
 
 
 def test_pipe_dir_max_moves_the_limit(host: SimHost) -> None:
@@ -495,7 +600,8 @@ def test_pipe_dir_max_moves_the_limit(host: SimHost) -> None:
 
 def test_pipe_dir_max_is_counted_in_bytes_as_given(host: SimHost) -> None:
     pipe = os.path.join(host.base, 'é' * 20)  # 40 bytes of name
-    host.start(env={'CUDA_MPS_PIPE_DIRECTORY': pipe, 'FAKE_MPS_PIPE_DIR_MAX': str(len(pipe) + 19)})
+    proc = host.start(env={'CUDA_MPS_PIPE_DIRECTORY': pipe, 'FAKE_MPS_PIPE_DIR_MAX': str(len(pipe) + 19)}, check=False)
+    assert proc.returncode == 1
     assert sorted(os.listdir(pipe)) == ['control_lock', 'log']
 
 
@@ -522,3 +628,26 @@ def test_start_logs_the_binary_version_from_r580(host: SimHost, driver: str, cud
     assert host.log_messages() == [f'Starting control daemon using socket {host.pipe}/control',
                                    f'To connect CUDA applications to this daemon, set env CUDA_MPS_PIPE_DIRECTORY={host.pipe}',
                                    *([line] if line else [])]
+
+
+# --------------------------------------------------------------------------
+# The pipe dir deleted under a live daemon (r580: gpu-evidence probe3.txt)
+# --------------------------------------------------------------------------
+
+def test_pipe_dir_deleted_under_a_live_daemon_leaves_it_alive_and_unreachable_and_a_second_d_starts(host: SimHost) -> None:
+    host.start()
+    first = host.daemon_pid()
+    shutil.rmtree(host.pipe)
+    time.sleep(0.3)
+    assert pid_alive(first)
+    proc = host.ui(['get_server_list'])
+    assert (proc.returncode, proc.stdout, proc.stderr) == (1, '', 'Cannot find MPS control daemon process\n')
+    host.start()  # the directory re-created: a second daemon
+    second = host.daemon_pid()
+    assert second != first and pid_alive(first) and pid_alive(second)
+    client = host.client('--once')
+    assert client.info()['ok'] is True
+    host.quit()  # reaches the second only
+    assert not pid_alive(second) and pid_alive(first)
+    with open(f'/proc/{first}/environ', 'rb') as handle:  # the first is found only by its process
+        assert f'CUDA_MPS_PIPE_DIRECTORY={host.pipe}'.encode() in handle.read().split(b'\0')

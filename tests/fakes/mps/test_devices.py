@@ -114,8 +114,8 @@ def test_dev_argument_is_not_checked_against_the_devices(host: SimHost) -> None:
     assert host.out([f'set_default_device_pinned_mem_limit {UUIDS[1]} 1G', f'set_default_device_pinned_mem_limit {UUIDS[0]} 2G',
                      f'set_default_device_pinned_mem_limit {UUIDS[1][:12]} 3G', 'set_default_device_pinned_mem_limit 5 4G']) == ''
     assert host.out([f'get_default_device_pinned_mem_limit {UUIDS[1]}', f'get_default_device_pinned_mem_limit {UUIDS[0]}',
-                     f'get_default_device_pinned_mem_limit {UUIDS[1][:12]}', 'get_default_device_pinned_mem_limit 5',
-                     'get_default_device_pinned_mem_limit 0']) == '1G\n2G\n3G\n4G\n0M\n'
+                     f'get_default_device_pinned_mem_limit {UUIDS[1][:12]}', 'get_default_device_pinned_mem_limit 5']) == '1G\n2G\n3G\n4G\n'
+    assert host.out(['get_default_device_pinned_mem_limit 0']) == ''  # unset: nothing (r580)
     info = host.client().info()
     assert info['pinned_mem_limit_mib'] == {'0': None}
     host.wait_log('Server has started', 'server')
@@ -125,9 +125,9 @@ def test_dev_argument_is_not_checked_against_the_devices(host: SimHost) -> None:
 
 
 def test_getter_does_not_translate_between_uuid_and_ordinal(running: SimHost) -> None:
-    assert running.out(['set_default_device_pinned_mem_limit 1 1G', f'get_default_device_pinned_mem_limit {UUIDS[1]}',
-                        f'set_default_device_pinned_mem_limit {UUIDS[1]} 2G', 'get_default_device_pinned_mem_limit 1',
-                        f'get_default_device_pinned_mem_limit {UUIDS[1].upper().replace("GPU-", "gpu-")}']) == '0M\n1G\n2G\n'
+    assert running.out(['set_default_device_pinned_mem_limit 1 1G', f'get_default_device_pinned_mem_limit {UUIDS[1]}']) == ''
+    assert running.out([f'set_default_device_pinned_mem_limit {UUIDS[1]} 2G', 'get_default_device_pinned_mem_limit 1',
+                        f'get_default_device_pinned_mem_limit {UUIDS[1].upper().replace("GPU-", "gpu-")}']) == '1G\n2G\n'
 
 
 def test_per_server_limit_for_a_missing_device_is_stored_and_ignored(running: SimHost) -> None:
@@ -138,11 +138,12 @@ def test_per_server_limit_for_a_missing_device_is_stored_and_ignored(running: Si
 
 def test_limit_set_by_uuid_is_accepted_but_not_applied(running: SimHost) -> None:
     assert running.out([f'set_default_device_pinned_mem_limit {UUIDS[1]} 2G']) == ''
-    assert running.out([f'get_default_device_pinned_mem_limit {UUIDS[1]}', 'get_default_device_pinned_mem_limit 1']) == '2G\n0M\n'
+    assert running.out([f'get_default_device_pinned_mem_limit {UUIDS[1]}']) == '2G\n'
+    assert running.out(['get_default_device_pinned_mem_limit 1']) == ''
     info = running.client('--device', '1').info()
     assert info['pinned_mem_limit_mib'] == {'1': None}
     spid = info['server_pid']
-    assert running.out([f'set_device_pinned_mem_limit {spid} {UUIDS[1]} 1G', f'get_device_pinned_mem_limit {spid} 1']) == '0M\n'
+    assert running.out([f'set_device_pinned_mem_limit {spid} {UUIDS[1]} 1G', f'get_device_pinned_mem_limit {spid} 1']) == ''
     assert running.client('--device', '1').info()['pinned_mem_limit_mib'] == {'1': None}
 
 
@@ -150,7 +151,8 @@ def test_limit_set_by_uuid_is_applied_with_the_switch(host: SimHost) -> None:
     host.start(env={'FAKE_MPS_UUID_LIMITS': 'applied'})
     host.out([f'set_default_device_pinned_mem_limit {UUIDS[1]} 2G'])
     # still no translation in the getter: the ordinal has no value of its own
-    assert host.out([f'get_default_device_pinned_mem_limit {UUIDS[1]}', 'get_default_device_pinned_mem_limit 1']) == '2G\n0M\n'
+    assert host.out([f'get_default_device_pinned_mem_limit {UUIDS[1]}']) == '2G\n'
+    assert host.out(['get_default_device_pinned_mem_limit 1']) == ''
     info = host.client('--device', '1').info()
     assert info['pinned_mem_limit_mib'] == {'1': 2048}
     spid = info['server_pid']

@@ -3,6 +3,7 @@
 """Servers and clients: real processes, limits, uids, quit (reference sections 1, 3 and 4)."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -163,7 +164,7 @@ def test_per_server_settings_affect_only_clients_that_connect_afterwards(running
     assert clients[first.pid]['active_thread_percentage'] == 100.0
     assert clients[first.pid]['pinned_mem_limit_mib']['0'] is None
     # the daemon defaults are untouched
-    assert running.out(['get_default_active_thread_percentage', 'get_default_device_pinned_mem_limit 0']) == '100.0\n0M\n'
+    assert running.out(['get_default_active_thread_percentage', 'get_default_device_pinned_mem_limit 0']) == '100.0\n'
 
 
 def test_client_environment_can_only_lower_its_limits(running: SimHost) -> None:
@@ -179,7 +180,7 @@ def test_defaults_are_lost_on_quit(running: SimHost) -> None:
     running.quit()
     running.start()
     assert running.out(['get_default_active_thread_percentage', 'get_default_device_pinned_mem_limit 0',
-                        'get_default_client_priority']) == '100.0\n0M\n0\n'
+                        'get_default_client_priority']) == '100.0\n0\n'
 
 
 def test_defaults_are_lost_after_a_crash(running: SimHost) -> None:
@@ -219,7 +220,9 @@ def test_quit_refuses_new_clients_while_it_waits(running: SimHost) -> None:
     quitter.communicate(timeout=10)
 
 
-def test_quit_t_forces_after_the_timeout(running: SimHost) -> None:
+def test_quit_t_returns_0_after_the_timeout_and_the_client_process_lives_on(running: SimHost) -> None:
+    # r580 (gpu-evidence probe.txt, "quit -t 3 with a client held"): the UI returned 0 after 3.0 s, daemon and
+    # server exited, the client process kept running (its GPU work gone)
     client = running.client()
     spid = client.info()['server_pid']
     dpid = running.daemon_pid()
@@ -228,9 +231,14 @@ def test_quit_t_forces_after_the_timeout(running: SimHost) -> None:
     elapsed = time.monotonic() - started
     assert (proc.returncode, proc.stdout) == (0, '')
     assert 0.9 <= elapsed < 5
-    rc, out, err = client.rest()
-    assert rc == 1 and '"CUDA_ERROR_MPS_CLIENT_TERMINATED"' in out and 'CUDA error 810' in err
     wait_until(lambda: not pid_alive(dpid) and not pid_alive(spid), what='daemon and server exit')
+    assert client.printed_within(5)
+    lost = json.loads(client.proc.stdout.readline())  # type: ignore[union-attr]
+    assert lost['ok'] is False and lost['error'] == 'CUDA_ERROR_MPS_CLIENT_TERMINATED'
+    time.sleep(0.3)
+    assert pid_alive(client.pid)
+    rc, out, err = client.rest()  # its stdin closed: it ends, reporting the loss by its status
+    assert (rc, out) == (1, '') and 'CUDA error 810' in err
 
 
 def test_quit_without_clients_stops_idle_servers(running: SimHost) -> None:
@@ -302,13 +310,19 @@ def test_kill_9_of_a_server_is_noticed_and_its_clients_fail(running: SimHost) ->
     assert running.client().info()['server_pid'] != spid
 
 
-def test_daemon_death_ends_its_servers_and_clients(running: SimHost) -> None:
+@pytest.mark.parametrize('sig', [signal.SIGKILL, signal.SIGTERM])
+def test_daemon_killed_ends_its_server_and_the_client_process_lives_on(running: SimHost, sig: int) -> None:
+    # r580 (gpu-evidence probe3.txt, kill -9 and TERM): the server died with the daemon, the client did not
     client = running.client()
     spid = client.info()['server_pid']
-    os.kill(running.daemon_pid(), signal.SIGKILL)
+    os.kill(running.daemon_pid(), sig)
     wait_until(lambda: not pid_alive(spid), what='server exit')
-    rc = client.rest()[0]
-    assert rc == 1
+    assert client.printed_within(5)
+    lost = json.loads(client.proc.stdout.readline())  # type: ignore[union-attr]
+    assert lost['error'] == 'CUDA_ERROR_MPS_RPC_FAILURE'
+    time.sleep(0.3)
+    assert pid_alive(client.pid)
+    assert client.stop() == 1
 
 
 def test_terminate_client_prints_0_and_ends_the_client(running: SimHost) -> None:
@@ -345,38 +359,80 @@ def test_shutdown_server_f_stops_it_at_once(running: SimHost) -> None:
     assert rc == 1
 
 
-def test_ps_prints_a_row_per_client(running: SimHost) -> None:
+PS_HEADER = 'PID       ID        SERVER         DEVICE                    NAMESPACE      COMMAND        '
+
+
+def test_ps_prints_a_fixed_width_row_per_client_numbered_from_1_per_server(running: SimHost) -> None:
+    # r580 (gpu-evidence probe.txt, "client held"): `514       1         516            GPU-4e77057f-2920-0f20    4026531836     /opt/...`
     first = running.client('--device', '1')
     spid = first.info()['server_pid']
     second = running.client()
     second.info()
-    lines = running.out(['ps']).splitlines()
-    assert lines[0] == 'PID ID SERVER DEVICE NAMESPACE COMMAND'
+    out = running.out(['ps'])
     ns = os.readlink(f'/proc/{first.pid}/ns/pid').split('[')[1].rstrip(']')
-    row = lines[1].split(' ', 5)
-    # the device as a shortened UUID, like NVIDIA's example row `9741 0 6472 GPU-cb1213a3-d6a4-be7f 4026531836 ./nbody`
-    assert row[:5] == [str(first.pid), '0', str(spid), 'GPU-6a2b5c1e-1111-4000', ns]
-    assert 'mps_client.py --device 1' in row[5]
-    assert lines[2].split()[:4] == [str(second.pid), '1', str(spid), 'GPU-6a2b5c1e-0000-4000']
+    assert out.splitlines() == [
+        PS_HEADER,
+        f'{first.pid:<10}1         {spid:<15}GPU-6a2b5c1e-1111-4000    {ns:<15}{PYTHON}',
+        f'{second.pid:<10}2         {spid:<15}GPU-6a2b5c1e-0000-4000    {ns:<15}{PYTHON}',
+    ]
     # -p takes a SERVER pid: its clients' rows; a client's pid or any other pid selects none
-    assert running.out([f'ps -p {spid}']).splitlines() == lines
-    assert running.out([f'ps -p {second.pid}']) == 'PID ID SERVER DEVICE NAMESPACE COMMAND\n'
-    assert running.out(['ps -p 1']) == 'PID ID SERVER DEVICE NAMESPACE COMMAND\n'
+    assert running.out([f'ps -p {spid}']) == out
+    assert running.out([f'ps -p {second.pid}']) == PS_HEADER + '\n'
+    assert running.out(['ps -p 1']) == PS_HEADER + '\n'
 
 
-def test_get_device_client_list_maps_devices_to_client_pids(running: SimHost) -> None:
+def test_ps_ids_count_per_server(running: SimHost) -> None:
+    first = running.client()
+    spid = first.info()['server_pid']
+    first.stop()
+    running.out([f'shutdown_server {spid}'])
+    wait_until(lambda: not pid_alive(spid), what='server exit')
+    client = running.client()
+    assert client.info()['server_pid'] != spid
+    assert running.out(['ps']).splitlines()[1].split()[:2] == [str(client.pid), '1']
+
+
+def test_ps_format_spaces_is_the_old_row(host: SimHost) -> None:
+    host.start(env={'FAKE_MPS_PS_FORMAT': 'spaces'})
+    client = host.client('--device', '1')
+    spid = client.info()['server_pid']
+    lines = host.out(['ps']).splitlines()
+    assert lines[0] == 'PID ID SERVER DEVICE NAMESPACE COMMAND'
+    row = lines[1].split(' ', 5)
+    assert row[:4] == [str(client.pid), '0', str(spid), 'GPU-6a2b5c1e-1111-4000']
+    assert 'mps_client.py --device 1' in row[5]
+
+
+def test_get_device_client_list_prints_each_device_then_its_clients_as_pid_dot_id(running: SimHost) -> None:
+    # r580 (gpu-evidence probe.txt, "client held"): `[0] 00:00.0, NVIDIA H200` then `514.1`
     first = running.client('--device', '0')
     spid = first.info()['server_pid']
     second = running.client('--device', '0,3')
     second.info()
     out = running.out(['get_device_client_list'])
     assert out.splitlines() == [
+        '[0] 00:00.0, NVIDIA H100 80GB HBM3', f'{first.pid}.1', f'{second.pid}.2',
+        '[1] 00:00.0, NVIDIA H100 80GB HBM3',
+        '[2] 00:00.0, Tesla V100-SXM2-16GB',
+        '[3] 00:00.0, Tesla P100-PCIE-16GB', f'{second.pid}.2',
+    ]
+    assert running.out([f'get_device_client_list {spid}']) == out
+
+
+def test_get_device_client_list_format_uuid_is_the_old_list(host: SimHost) -> None:
+    host.start(env={'FAKE_MPS_DEVICE_CLIENT_LIST_FORMAT': 'uuid'})
+    first = host.client('--device', '0')
+    spid = first.info()['server_pid']
+    second = host.client('--device', '0,3')
+    second.info()
+    out = host.out(['get_device_client_list'])
+    assert out.splitlines() == [
         f'GPU-6a2b5c1e-0000-4000-8000-000000000000: {first.pid} {second.pid}',
         'GPU-6a2b5c1e-1111-4000-8000-000000000001:',
         'GPU-9f00aa01-2222-4000-8000-000000000002:',
         f'GPU-1234abcd-3333-4000-8000-000000000003: {second.pid}',
     ]
-    assert running.out([f'get_device_client_list {spid}']) == out
+    assert host.out([f'get_device_client_list {spid}']) == out
 
 
 def test_clients_per_gpu_are_capped_at_16_before_volta(host: SimHost) -> None:
@@ -585,3 +641,70 @@ def test_pre_volta_multiuser_is_accepted_but_only_root_clients_work(host: SimHos
     assert rc == 1 and '"CUDA_ERROR_NOT_PERMITTED"' in out and 'CUDA error 800' in err
     assert host.client().info()['ok'] is True
     assert host.out(['get_server_list']).count('\n') == 1
+
+
+# --------------------------------------------------------------------------
+# r580's client processes outlive their server (gpu-evidence probe.txt and probe3.txt)
+# --------------------------------------------------------------------------
+
+def test_client_on_server_loss_exits_is_the_old_behaviour(running: SimHost) -> None:
+    client = running.client(env={'FAKE_MPS_CLIENT_ON_SERVER_LOSS': 'exits'})
+    client.info()
+    assert running.ui(['quit -t 0']).returncode == 0
+    assert client.proc.wait(10) == 1  # on its own: its stdin is still open
+    assert '"CUDA_ERROR_MPS_CLIENT_TERMINATED"' in client.proc.stdout.read()  # type: ignore[union-attr]
+
+
+def test_client_on_server_loss_rejects_unknown_values(running: SimHost) -> None:
+    rc, _out, err = running.client(env={'FAKE_MPS_CLIENT_ON_SERVER_LOSS': 'dies'}).rest()
+    assert rc == 2 and 'FAKE_MPS_CLIENT_ON_SERVER_LOSS' in err
+
+
+def test_terminate_client_ends_the_client_process_at_once_even_when_clients_live_on(running: SimHost) -> None:
+    # not recorded on r580: the simulator's earlier behaviour
+    client = running.client()
+    spid = client.info()['server_pid']
+    assert running.out([f'terminate_client {spid} {client.pid}']) == '0\n'
+    assert client.proc.wait(10) == 1
+
+
+def test_a_client_that_lost_its_server_exits_1_on_sigterm(running: SimHost) -> None:
+    client = running.client()
+    spid = client.info()['server_pid']
+    os.kill(spid, signal.SIGKILL)
+    assert client.printed_within(5)
+    assert json.loads(client.proc.stdout.readline())['error'] == 'CUDA_ERROR_MPS_RPC_FAILURE'  # type: ignore[union-attr]
+    assert pid_alive(client.pid)
+    client.proc.send_signal(signal.SIGTERM)
+    assert client.proc.wait(10) == 1
+
+
+def test_after_kill_9_a_new_d_in_the_same_dir_serves_new_clients_while_the_old_client_lives(running: SimHost) -> None:
+    # r580 (gpu-evidence probe3.txt, "kill -9 of the control daemon", "new -d in the same directory", "a second client now")
+    old = running.client()
+    old_server = old.info()['server_pid']
+    dpid = running.daemon_pid()
+    os.kill(dpid, signal.SIGKILL)
+    wait_until(lambda: not pid_alive(dpid) and not pid_alive(old_server), what='daemon and server death')
+    assert running.ui(['get_server_list']).returncode == 1
+    running.start()
+    new = running.client()
+    info = new.info()
+    assert info['server_pid'] != old_server and running.servers() == [info['server_pid']]
+    rows = running.out(['ps']).splitlines()[1:]
+    assert [row.split()[:3] for row in rows] == [[str(new.pid), '1', str(info['server_pid'])]]
+    assert pid_alive(old.pid)
+    assert old.stop() == 1 and new.stop() == 0
+
+
+def test_a_second_uids_client_waits_pending_and_ps_lists_only_the_first(running: SimHost) -> None:
+    # r580 (gpu-evidence probe2.txt, "root client held, then a client of uid 65534 (no -multiuser)")
+    root = running.client()
+    spid = root.info()['server_pid']
+    other = running.client(uid=NOBODY)
+    running.wait_log(f'NEW CLIENT {other.pid} from user {NOBODY}: Server is not ready, push client to pending list')
+    assert not other.printed_within(0.3)
+    assert running.servers() == [spid]
+    rows = running.out(['ps']).splitlines()[1:]
+    assert [row.split()[:3] for row in rows] == [[str(root.pid), '1', str(spid)]]
+    assert running.state()['pending'] == [other.pid]

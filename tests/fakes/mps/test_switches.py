@@ -28,7 +28,8 @@ def test_every_switch_is_documented_in_the_readme() -> None:
 
 
 @pytest.mark.parametrize('value,left', [
-    ('', ['control_lock']),
+    ('', ['control', 'control_lock', 'control_privileged']),
+    ('r580', ['control', 'control_lock', 'control_privileged']),
     ('all-but-lock', ['control_lock']),
     ('all', []),
     ('none', ALL),
@@ -50,27 +51,35 @@ def test_leftover_files_from_quit_do_not_block_a_new_daemon(host: SimHost) -> No
     host.start(env={'FAKE_MPS_QUIT_REMOVES': 'none'})
     host.quit()
     proc = host.ui(['get_server_list'])
-    assert (proc.returncode, proc.stdout) == (1, 'Cannot find MPS control daemon process\n')
+    assert (proc.returncode, proc.stderr) == (1, 'Cannot find MPS control daemon process\n')
     host.start()
     assert host.out(['get_default_active_thread_percentage']) == '100.0\n'
 
 
-def test_no_daemon_stream_stderr(host: SimHost) -> None:
-    proc = host.ui(['get_server_list'], env={'FAKE_MPS_NO_DAEMON_STREAM': 'stderr'})
-    assert (proc.returncode, proc.stdout, proc.stderr) == (1, '', 'Cannot find MPS control daemon process\n')
-
-
-@pytest.mark.parametrize('style,unknown,value', [
-    ('text', 'Unrecognized command: bogus\n', 'Invalid value: 0\n'),
-    ('alt', 'Error: unknown command\n', 'Error: invalid value\n'),
-    ('silent', '', ''),
+@pytest.mark.parametrize('value,out,err', [
+    ('', '', 'Cannot find MPS control daemon process\n'),
+    ('stderr', '', 'Cannot find MPS control daemon process\n'),
+    ('stdout', 'Cannot find MPS control daemon process\n', ''),
 ])
-def test_error_style(host: SimHost, style: str, unknown: str, value: str) -> None:
+def test_no_daemon_stream(host: SimHost, value: str, out: str, err: str) -> None:
+    proc = host.ui(['get_server_list'], env={'FAKE_MPS_NO_DAEMON_STREAM': value})
+    assert (proc.returncode, proc.stdout, proc.stderr) == (1, out, err)
+
+
+@pytest.mark.parametrize('style,unknown,value,mem', [
+    ('', 'Unknown command "bogus"\n', '100.0\n', 'Invalid value: 12X\n'),
+    ('r580', 'Unknown command "bogus"\n', '100.0\n', 'Invalid value: 12X\n'),
+    ('text', 'Unrecognized command: bogus\n', 'Invalid value: 0\n', 'Invalid value: 12X\n'),
+    ('alt', 'Error: unknown command\n', 'Error: invalid value\n', 'Error: invalid value\n'),
+    ('silent', '', '', ''),
+])
+def test_error_style(host: SimHost, style: str, unknown: str, value: str, mem: str) -> None:
     host.start(env={'FAKE_MPS_ERROR_STYLE': style})
     assert host.out(['bogus']) == unknown
     assert host.out(['set_default_active_thread_percentage 0']) == value
     if style == 'silent':
         assert host.log_messages()[-2:] == ['Cmd:set_default_active_thread_percentage 0', 'UI closed']
+    assert host.out(['set_default_device_pinned_mem_limit 0 12X']) == mem
 
 
 def test_server_cmd_output_pid(host: SimHost) -> None:
@@ -123,8 +132,8 @@ def test_client_list_sep_space(host: SimHost) -> None:
 
 @pytest.mark.parametrize('value,default_out,client_mib', [
     ('default', '1G\n', 1024),
-    ('servers', '0M\n', 1024),
-    ('ignored', '0M\n', None),
+    ('servers', '', 1024),
+    ('ignored', '', None),
 ])
 def test_env_pinned_mem(host: SimHost, value: str, default_out: str, client_mib: object) -> None:
     host.start(env={'FAKE_MPS_ENV_PINNED_MEM': value, 'CUDA_MPS_PINNED_DEVICE_MEM_LIMIT': '0=1G'})
@@ -233,7 +242,7 @@ def test_fault_kill_on_kills_the_daemon_mid_batch(host: SimHost) -> None:
                                         'Cmd:set_default_active_thread_percentage 25']
     assert sorted(os.listdir(host.pipe)) == files  # a stale daemon: every file stays
     dead = host.ui(['get_server_list'])
-    assert (dead.returncode, dead.stdout) == (1, 'Cannot find MPS control daemon process\n')
+    assert (dead.returncode, dead.stderr) == (1, 'Cannot find MPS control daemon process\n')
     host.start()
     assert host.daemon_pid() != pid and pid_alive(host.daemon_pid())
     assert host.out(['get_default_active_thread_percentage', 'set_default_active_thread_percentage 25']) == '100.0\n25.0\n'
@@ -296,7 +305,7 @@ def test_quit_reply_drop_stops_everything_without_answering(host: SimHost, dropp
     assert (quitter.returncode, out, err) == (rc, '100.0\n', '')
     # by the time the UI saw the session end, the servers were stopped and the files removed: a clean quit
     assert not pid_alive(spid)
-    assert os.listdir(host.pipe) == ['control_lock']
+    assert sorted(os.listdir(host.pipe)) == ['control', 'control_lock', 'control_privileged']
     wait_until(lambda: not pid_alive(pid), what='daemon exit')
     assert client.rest()[0] == 1
 

@@ -11,14 +11,15 @@ import mps_daemon
 NO_DAEMON = 'Cannot find MPS control daemon process\n'
 
 
-def test_no_daemon_prints_cannot_find_on_stdout_and_exits_1(host: SimHost) -> None:
+def test_no_daemon_prints_cannot_find_on_stderr_and_exits_1(host: SimHost) -> None:
+    # r580 (gpu-evidence compare.json, step 'no-daemon'): on stderr, stdout empty
     proc = host.ui(['get_server_list'])
-    assert (proc.returncode, proc.stdout, proc.stderr) == (1, NO_DAEMON, '')
+    assert (proc.returncode, proc.stdout, proc.stderr) == (1, '', NO_DAEMON)
 
 
 def test_no_daemon_even_with_empty_stdin(host: SimHost) -> None:
     proc = host.ui('')
-    assert (proc.returncode, proc.stdout) == (1, NO_DAEMON)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (1, '', NO_DAEMON)
 
 
 def test_a_batch_is_one_ui_session_on_one_connection(running: SimHost) -> None:
@@ -62,15 +63,17 @@ def test_blank_lines_are_skipped(running: SimHost) -> None:
 
 
 def test_rejected_command_prints_error_on_stdout_and_exits_0(running: SimHost) -> None:
-    proc = running.ui(['set_default_active_thread_percentage 0', 'get_default_active_thread_percentage'])
+    proc = running.ui(['set_default_device_pinned_mem_limit 0 12X', 'get_default_active_thread_percentage'])
     assert proc.returncode == 0
-    assert proc.stdout == 'Invalid value: 0\n100.0\n'
+    assert proc.stdout == 'Invalid value: 12X\n100.0\n'  # a bad memory value: not recorded on r580, the simulator's text
     assert proc.stderr == ''
 
 
-def test_unknown_command(running: SimHost) -> None:
-    assert running.out(['frobnicate 1 2']) == 'Unrecognized command: frobnicate\n'
-    assert running.log_messages()[-3:] == ['Cmd:frobnicate 1 2', 'Unrecognized command: frobnicate', 'UI closed']
+def test_unknown_command_prints_unknown_command_quoted(running: SimHost) -> None:
+    # r580 (gpu-evidence probe.txt, "unknown + bad")
+    assert running.out(['frobnicate']) == 'Unknown command "frobnicate"\n'
+    assert running.out(['frobnicate 1 2']) == 'Unknown command "frobnicate"\n'
+    assert running.log_messages()[-3:] == ['Cmd:frobnicate 1 2', 'Unknown command "frobnicate"', 'UI closed']
 
 
 @pytest.mark.parametrize('command', [
@@ -97,11 +100,17 @@ def test_set_default_active_thread_percentage_prints_the_stored_value(shared: Si
     assert shared.out([f'set_default_active_thread_percentage {value}', 'get_default_active_thread_percentage']) == f'{stored}\n{stored}\n'
 
 
-@pytest.mark.parametrize('value', ['0', '-5', '100.1', '101', 'abc', '25%', 'nan', '1e2', '0.0'])
-def test_set_default_active_thread_percentage_rejects_bad_values(shared: SimHost, value: str) -> None:
+@pytest.mark.parametrize('value', ['150', 'abc', '0', '-5', '100.1', '101', '25%', 'nan', '1e2', '0.0'])
+def test_a_bad_active_thread_percentage_prints_the_value_in_force_and_changes_nothing(shared: SimHost, value: str) -> None:
+    # r580 answered 150 and abc so (gpu-evidence probe.txt, "unknown + bad"); the other values are taken alike [I]
     out = shared.out(['set_default_active_thread_percentage 50', f'set_default_active_thread_percentage {value}',
                       'get_default_active_thread_percentage'])
-    assert out == f'50.0\nInvalid value: {value}\n50.0\n'
+    assert out == '50.0\n50.0\n50.0\n'
+
+
+def test_a_bad_server_active_thread_percentage_prints_the_servers_value(running: SimHost) -> None:
+    spid = running.client().info()['server_pid']
+    assert running.out([f'set_active_thread_percentage {spid} 40', f'set_active_thread_percentage {spid} 150']) == '40.0\n40.0\n'
 
 
 def test_env_active_thread_percentage_is_the_default(host: SimHost) -> None:
@@ -121,12 +130,25 @@ def test_pinned_mem_limit_set_prints_nothing_and_reads_back_lossy(shared: SimHos
 
 def test_pinned_mem_limits_are_per_device(running: SimHost) -> None:
     out = running.out(['set_default_device_pinned_mem_limit 0 2G', 'set_default_device_pinned_mem_limit 3 500M',
-                       'get_default_device_pinned_mem_limit 0', 'get_default_device_pinned_mem_limit 1', 'get_default_device_pinned_mem_limit 3'])
-    assert out == '2G\n0M\n500M\n'
+                       'get_default_device_pinned_mem_limit 0', 'get_default_device_pinned_mem_limit 3'])
+    assert out == '2G\n500M\n'
+    assert running.out(['get_default_device_pinned_mem_limit 1']) == ''
 
 
-def test_unset_pinned_mem_limit_reads_0M(running: SimHost) -> None:
-    assert running.out(['get_default_device_pinned_mem_limit 0']) == '0M\n'
+def test_unset_pinned_mem_limit_prints_nothing_and_logs_that_none_is_set(running: SimHost) -> None:
+    # r580 (gpu-evidence probe.txt, "defaults" and its control.log)
+    proc = running.ui(['get_default_device_pinned_mem_limit 0', 'get_default_device_pinned_mem_limit GPU-6a2b5c1e-0000-4000-8000-000000000000'])
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, '', '')
+    assert running.log_messages()[-5:] == [
+        'Cmd:get_default_device_pinned_mem_limit 0', 'No default pinned memory limit set for the device!',
+        'Cmd:get_default_device_pinned_mem_limit GPU-6a2b5c1e-0000-4000-8000-000000000000',
+        'No default pinned memory limit set for the device!', 'UI closed']
+
+
+def test_unset_server_pinned_mem_limit_prints_nothing(running: SimHost) -> None:
+    spid = running.client().info()['server_pid']
+    assert running.out([f'get_device_pinned_mem_limit {spid} 0']) == ''
+    assert running.log_messages()[-2:] == [f'Cmd:get_device_pinned_mem_limit {spid} 0', 'UI closed']  # no log line recorded
 
 
 @pytest.mark.parametrize('value', ['10', '10MB', '1.5G', '-1G', '10m', '1g', 'G', '1T', '0x10M'])
@@ -153,10 +175,12 @@ def test_pinned_mem_limit_rejects_a_malformed_device(shared: SimHost, dev: str) 
 
 def test_env_pinned_mem_limit_is_the_daemon_default(host: SimHost) -> None:
     host.start(env={'CUDA_MPS_PINNED_DEVICE_MEM_LIMIT': '0=1G,1=2048M,3=512M'})
-    assert host.out([f'get_default_device_pinned_mem_limit {i}' for i in range(4)]) == '1G\n2G\n0M\n512M\n'
+    assert host.out([f'get_default_device_pinned_mem_limit {i}' for i in (0, 1, 3)]) == '1G\n2G\n512M\n'
+    assert host.out(['get_default_device_pinned_mem_limit 2']) == ''
 
 
 def test_client_priority_defaults_to_0_and_set_prints_nothing(running: SimHost) -> None:
+    # r580 (gpu-evidence probe2.txt, "client priority")
     assert running.out(['get_default_client_priority', 'set_default_client_priority 1', 'get_default_client_priority']) == '0\n1\n'
 
 
@@ -180,13 +204,15 @@ def test_commands_on_a_pid_that_is_no_server_are_rejected(shared: SimHost, comma
     assert shared.out([command]) == f'Server with PID {pid} not found\n'
 
 
-def test_ps_without_clients_prints_the_header(running: SimHost) -> None:
-    assert running.out(['ps']) == 'PID ID SERVER DEVICE NAMESPACE COMMAND\n'
+def test_ps_without_clients_prints_the_padded_header(running: SimHost) -> None:
+    # r580's header, trailing blanks included (gpu-evidence probe.txt)
+    assert running.out(['ps']) == 'PID       ID        SERVER         DEVICE                    NAMESPACE      COMMAND        \n'
 
 
 def test_get_device_client_list_without_clients_lists_the_devices(running: SimHost) -> None:
-    uuids = [line.split()[1] for line in running.out(['sim_devices']).splitlines()]
-    assert running.out(['get_device_client_list']) == ''.join(f'{u}:\n' for u in uuids)
+    assert running.out(['get_device_client_list']).splitlines() == [
+        '[0] 00:00.0, NVIDIA H100 80GB HBM3', '[1] 00:00.0, NVIDIA H100 80GB HBM3', '[2] 00:00.0, Tesla V100-SXM2-16GB',
+        '[3] 00:00.0, Tesla P100-PCIE-16GB']
 
 
 def test_sim_devices_lists_ordinal_uuid_cc_max_clients_name(running: SimHost) -> None:
