@@ -62,8 +62,8 @@ simhost-reset:
 	$(MAKE) simhost
 
 # --- tests --------------------------------------------------------------------------------------
-.PHONY: test collection sanity units integration upgrade lint changelog-lint docs-lint docs test-fakes molecule packaging bench-quick ee runner leftovers
-test: changelog-lint test-fakes sanity units integration upgrade lint docs-lint docs packaging ee runner bench-quick molecule
+.PHONY: test collection sanity units integration upgrade lint changelog-lint docs-lint docs docs-commands test-fakes molecule packaging bench-quick ee runner leftovers
+test: changelog-lint test-fakes sanity units integration upgrade lint docs-lint docs docs-commands packaging ee runner bench-quick molecule
 	$(MAKE) leftovers
 	@echo 'make test: all passed'
 
@@ -128,6 +128,11 @@ ee: collection
 # rolling recipe of docs/docsite/rst/guide_awx.rst included; tears down and leaves no daemon running.
 runner: collection simhost
 	$(VPY) hacking/test-runner.py --work $(TEST_ROOT)/runner --simhost-lib $(SIMHOST)/lib --python $(VPY)
+
+# Every command the README and the guides show, run as shown (make demo and make demo-clean included), its
+# shown output compared; a block that cannot run here says why (tests/docs/test_documented_commands.py).
+docs-commands: collection simhost
+	TEST_ROOT=$(TEST_ROOT) $(VPY) -m pytest -q -p no:cacheprovider tests/docs
 
 test-fakes: simhost
 	. $(SIMHOST)/env && $(VPY) -m pytest -q -p no:cacheprovider tests/fakes tests/gpu

@@ -320,6 +320,7 @@ class HostManager:
         manager.exact = True
         manager.planned = list(plan.devices)
         manager.assume_stopped = assume_stopped
+        manager.start_follows = True
         return manager
 
     def _limits(self, res: _Resource, assume_stopped: bool) -> t.Any:

@@ -92,6 +92,9 @@ class LimitsManager:
         self.planned: t.Optional[t.List[Gpu]] = None
         # mps_host: the daemon is stopped by an earlier change of the same plan (its restart): persist, do not send.
         self.assume_stopped = False
+        # mps_host: the same plan starts the daemon (every listed resource runs after it): a daemon found dead is
+        # recovered there and its limits replayed, so its absence now is no warning of the limits' own.
+        self.start_follows = False
 
     # --- what the daemon has ----------------------------------------------------------------------
     def scope(self, create: bool) -> t.Tuple[t.List[Gpu], bool, t.Optional[int]]:
@@ -313,7 +316,8 @@ class LimitsManager:
             since = 'left %s in %s' % (', '.join(state.leftovers), self.paths.pipe_dir)
         msg = ('the MPS control daemon of %r %s but is not running now (crashed or killed?): %s, not applied now; they will '
                'be applied when it starts again' % (self.paths.name, since, kept))
-        warnings.append(msg)
+        if not self.start_follows:
+            warnings.append(msg)
         return msg
 
     def _apply(self, cmds: t.Sequence[str]) -> None:

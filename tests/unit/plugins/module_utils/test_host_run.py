@@ -195,6 +195,18 @@ def test_servers_that_keep_their_limits_on_several_resources_are_one_warning_nam
     assert re.search(r' - train: 1 server\(s\) \(pid \d+\); infer: 1 server\(s\) \(pid \d+\); running_servers=update', pending[0]), pending
 
 
+def test_a_daemon_killed_with_limits_is_recovered_with_one_warning_that_says_so(host):
+    """The same run starts it again with its limits: no second warning that they wait for a later start."""
+    host.run([{'name': 'train', 'devices': [0], 'active_thread_percentage': 50}])
+    with open(os.path.join(host.root, 'train', 'pipe', 'nvidia-cuda-mps-control.pid')) as handle:
+        os.kill(int(handle.read()), signal.SIGKILL)
+    time.sleep(0.3)
+    out = host.run([{'name': 'train', 'devices': [0], 'active_thread_percentage': 50}])
+    assert out.changed and [w for w in out.warnings if 'recovered the MPS control daemon for train' in w], out.warnings
+    assert not [w for w in out.warnings if 'crashed or killed' in w], out.warnings
+    assert host.run([{'name': 'train', 'devices': [0], 'active_thread_percentage': 50}]).changed is False
+
+
 @pytest.mark.parametrize('name, message', [
     ('.ready', 'would collide with the files this collection keeps'),
     ('train/log', "would be the log directory of a resource named 'train'"),
