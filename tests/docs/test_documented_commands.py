@@ -144,7 +144,7 @@ def pattern(line: str, demo: str) -> str:
 
 def matches(shown: List[str], printed: List[str], demo: str, contiguous: bool = True) -> Optional[str]:
     """None when the shown lines are what was printed (``...`` for any lines), else why not."""
-    want = [line for line in shown]
+    want = list(shown)
     got = [line.rstrip() for line in printed]
     regex = ''
     for line in want:

@@ -481,15 +481,17 @@ def normalise_ps(text: str) -> str:
     out: List[str] = []
     offsets: Optional[List[int]] = None
     for line in text.split('\n'):
-        words = [(m.start(), m.group()) for m in re.finditer(r'\S+', line)]
-        if [w for _, w in words] == PS_HEADER:
-            offsets = [pos for pos, _ in words]
+        found = list(re.finditer(r'\S+', line))
+        words = [m.group() for m in found]
+        starts = [m.start() for m in found]
+        if words == PS_HEADER:
+            offsets = starts
             out.append(line)
             continue
-        if offsets is not None and len(words) >= 5 and words[0][1].isdigit():
-            aligned = [pos for pos, _ in words[:5]] == offsets[:5] and words[5:6] and words[5][0] == offsets[5]
-            namespace = '<NS>' if words[4][1].isdigit() else words[4][1]
-            out.append(' '.join([w for _, w in words[:4]] + [namespace, '<COMMAND>']) + ('' if aligned else ' (misaligned)'))
+        if offsets is not None and len(words) >= 5 and words[0].isdigit():
+            aligned = starts[:6] == offsets[:6]
+            namespace = '<NS>' if words[4].isdigit() else words[4]
+            out.append(' '.join(words[:4] + [namespace, '<COMMAND>']) + ('' if aligned else ' (misaligned)'))
             continue
         offsets = None
         out.append(line)

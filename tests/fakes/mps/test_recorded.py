@@ -90,7 +90,7 @@ def test_a_step_a_real_run_answered_is_tagged_c_and_has_no_other_expectation() -
         assert not (recorded and 'expect' in step), step['id']
 
 
-@pytest.mark.parametrize('step_id,entry', ANSWERED, ids=[step_id for step_id, _ in ANSWERED])
+@pytest.mark.parametrize('step_id,entry', ANSWERED, ids=[entry[0] for entry in ANSWERED])
 def test_the_simulator_gives_the_recorded_answer(results: dict[str, dict], step_id: str, entry: dict) -> None:
     assert step_id in results, 'the transcript stopped before this step'
     assert not transcript.differences(step_id, entry['answer'], results[step_id]), entry['evidence']
@@ -111,7 +111,7 @@ OLD_ANSWERS = [
 ]
 
 
-@pytest.mark.parametrize('name,value,until', OLD_ANSWERS, ids=[f'{n}={v}' for n, v, _ in OLD_ANSWERS])
+@pytest.mark.parametrize('name,value,until', OLD_ANSWERS, ids=[f'{entry[0]}={entry[1]}' for entry in OLD_ANSWERS])
 def test_an_old_simulated_answer_differs_from_the_recording(name: str, value: str, until: str) -> None:
     results = {r['id']: r for r in play(until=until, **{name: value})}
     assert until in results
