@@ -82,7 +82,7 @@ def expect_silent(reply: Reply) -> None:
 
 
 def check_applied(replies: t.Sequence[Reply]) -> None:
-    """Every ``set_*`` command of a batch was accepted: a percentage setter echoes the value, the others print nothing.
+    """Every ``set_*`` command of a batch was accepted: a percentage setter echoes the value sent, the others print nothing.
 
     The UI's exit status is 0 even when a command is rejected, so each reply is looked at; the first
     rejected one raises with the daemon's own text.
@@ -90,9 +90,21 @@ def check_applied(replies: t.Sequence[Reply]) -> None:
     for reply in replies:
         verb = reply.command.split()[0]
         if verb in PERCENT_COMMANDS:
-            parse_percentage(reply)
+            echoed = parse_percentage(reply)
+            _check_echo(reply, echoed)
         elif verb.startswith('set_'):
             expect_silent(reply)
+
+
+def _check_echo(reply: Reply, echoed: float) -> None:
+    """A percentage setter echoes the value in force (``%.1f``): the value sent, unless the daemon refused it - a real
+    r580 daemon refuses ``150`` or ``abc`` without an error text, printing the value it keeps."""
+    try:
+        sent = float(reply.command.split()[-1])
+    except ValueError:
+        sent = None
+    if sent is None or abs(sent - echoed) > 0.051:
+        raise ControlCommandError('the MPS control daemon rejected %r: it answered %s, the value it keeps' % (reply.command, reply.text))
 
 
 def parse_pids(reply: Reply) -> t.List[int]:

@@ -33,12 +33,18 @@ UNIT_DIR = '/etc/systemd/system'
 SYSTEMCTL = 'systemctl'
 
 # The limit replay after every start, its replies checked (a percentage setter echoes %.1f, a memory setter
-# prints nothing; anything else is the daemon's refusal, sent to the journal). Braces doubled for format().
+# prints nothing; anything else is the daemon's refusal, sent to the journal). The percentage echoed must be the one
+# sent: a real r580 daemon refuses a value by printing the one it keeps, with no error text. Braces doubled for format().
 _REPLAY = (
     'if [ -s "$$MPS_LIMITS_FILE" ]; then '
     'out=$$("$$MPS_CONTROL" < "$$MPS_LIMITS_FILE") || {{ echo "gpufleet-mps: replaying $$MPS_LIMITS_FILE failed: $$out" >&2; exit 1; }}; '
     'bad=$$(echo "$$out" | grep -Ev "^([0-9]+[.][0-9]+)?$$"); '
-    'if [ -n "$$bad" ]; then echo "gpufleet-mps: the daemon rejected a limit of $$MPS_LIMITS_FILE: $$bad" >&2; exit 1; fi; fi'
+    'if [ -n "$$bad" ]; then echo "gpufleet-mps: the daemon rejected a limit of $$MPS_LIMITS_FILE: $$bad" >&2; exit 1; fi; '
+    'want=$$(sed -n "s/^set_default_active_thread_percentage[[:space:]]*//p" "$$MPS_LIMITS_FILE" | tail -n 1); '
+    'got=$$(echo "$$out" | grep -E "^[0-9]+[.][0-9]+$$" | tail -n 1); '
+    'if [ -n "$$want" ] && ! {{ [ -n "$$got" ] && awk -v a="$$want" -v b="$$got" "BEGIN {{ d = a - b; exit !(d < 0.06 && d > -0.06) }}"; }}; '
+    'then echo "gpufleet-mps: the daemon rejected a limit of $$MPS_LIMITS_FILE: set_default_active_thread_percentage $$want '
+    'answered $$got, the value it keeps" >&2; exit 1; fi; fi'
 )
 
 # The pipe directory's SELinux type (mps_daemon selinux_type), set where SELinux is enabled, each time the

@@ -139,3 +139,20 @@ def test_a_daemon_that_never_answers_times_out_naming_the_log(tmp_path):
 def test_missing_binary_is_a_control_binary_error(tmp_path):
     with pytest.raises(ControlBinaryError, match='cannot run'):
         _control.ControlClient(str(tmp_path / 'nope'), '/p', timeout=5).batch(['get_server_list'])
+
+
+@pytest.mark.parametrize('command, answer, taken', [
+    ('set_default_active_thread_percentage 25', '25.0', True),
+    ('set_default_active_thread_percentage 33.33', '33.3', True),
+    ('set_active_thread_percentage 4242 40', '40.0', True),
+    # r580 refuses a value by printing the one it keeps, with no error text (gpu-evidence probe.txt)
+    ('set_default_active_thread_percentage 250', '100.0', False),
+    ('set_active_thread_percentage 4242 150', '25.0', False),
+])
+def test_a_percentage_setter_is_taken_only_when_it_echoes_the_value_sent(command, answer, taken):
+    reply = _control.Reply(command, (answer,))
+    if taken:
+        _commands.check_applied([reply])
+    else:
+        with pytest.raises(ControlCommandError, match=r"rejected '%s': it answered %s, the value it keeps" % (command, answer)):
+            _commands.check_applied([reply])

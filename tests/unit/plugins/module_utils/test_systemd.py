@@ -110,9 +110,11 @@ def _exec_start_post_shell(unit: str) -> str:
 
 @pytest.mark.parametrize('reply, ok', [
     ('\n25.0\n', True),
-    ('\n\n', True),
+    ('\n\n', False),  # no echo of the percentage sent: not taken
     ('Invalid value: 200\n25.0\n', False),
     ('\nError: unknown command\n', False),
+    ('\n100.0\n', False),  # r580: a refused percentage answers the value in force, no error text
+    ('\n25.0\n\n', True),
 ])
 def test_the_units_limit_replay_fails_with_the_daemons_text_when_a_command_is_rejected(tmp_path, reply, ok):
     limits = tmp_path / 'train.limits'
@@ -126,7 +128,9 @@ def test_the_units_limit_replay_fails_with_the_daemons_text_when_a_command_is_re
     assert (proc.returncode == 0) is ok, proc.stderr
     if not ok:
         assert 'the daemon rejected a limit of %s' % limits in proc.stderr
-        assert reply.strip().splitlines()[0] in proc.stderr
+        assert reply.strip().splitlines()[0] in proc.stderr if reply.strip() else 'answered , the value it keeps' in proc.stderr
+        if reply.strip() == '100.0':
+            assert 'set_default_active_thread_percentage 25 answered 100.0, the value it keeps' in proc.stderr
 
 
 def test_the_units_limit_replay_fails_when_the_ui_cannot_reach_the_daemon(tmp_path):
