@@ -35,6 +35,7 @@ import glob
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -327,6 +328,46 @@ def test_jobs(work: str) -> list[Job]:
     return jobs
 
 
+GUIDE = os.path.join(REPO, 'docs', 'docsite', 'rst', 'guide_awx.rst')
+
+
+def guide_blocks() -> dict[str, str]:
+    """The blocks of the AWX guide marked ``.. runner: NAME`` (env files, the command), by name."""
+    with open(GUIDE, encoding='utf-8') as handle:
+        lines = handle.read().split('\n')
+    found = {}
+    for index, line in enumerate(lines):
+        if not line.startswith('.. runner: '):
+            continue
+        start = next(i for i in range(index + 1, len(lines)) if lines[i].startswith('.. code-block::'))
+        body = []
+        for text in lines[start + 1:]:
+            if text and not text.startswith('   '):
+                break
+            body.append(text[3:])
+        found[line[len('.. runner: '):].strip()] = '\n'.join(body).strip() + '\n'
+    return found
+
+
+def check_guide(work: str) -> None:
+    """The env files and the command line the AWX guide shows are those this test runs with (the collections
+    path aside: the guide's is an EE's)."""
+    shown = guide_blocks()
+    check(set(shown) == {'env/envvars', 'env/cmdline', 'env/settings', 'command'}, f'{GUIDE}: runner blocks {sorted(shown)}')
+    for name in ('env/envvars', 'env/settings'):
+        with open(os.path.join(work, name), encoding='utf-8') as handle:
+            used = json.load(handle)
+        guide = json.loads(shown[name])
+        if name == 'env/envvars':
+            used = dict(used, ANSIBLE_COLLECTIONS_PATH=guide.get('ANSIBLE_COLLECTIONS_PATH'))
+        check(guide == used, f'{GUIDE}: {name} shows {guide}, the jobs run with {used}')
+    with open(os.path.join(work, 'env', 'cmdline'), encoding='utf-8') as handle:
+        check(handle.read() == shown['env/cmdline'], f'{GUIDE}: env/cmdline differs from the jobs\' {work}/env/cmdline')
+    command = shlex.split(shown['command'].strip().lstrip('$ '))
+    check(len(command) == 7 and command[:2] == ['ansible-runner', 'run'] and command[3] == '-p' and command[5] == '--ident',
+          f'{GUIDE}: the command {command} is not ansible-runner run DIR -p PLAYBOOK --ident IDENT, as the jobs here run')
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n', 1)[0])
     parser.add_argument('--work', required=True, help='the private data dir (replaced)')
@@ -343,6 +384,11 @@ def main() -> int:
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     lay_out(work, os.path.abspath(args.simhost_lib), os.path.abspath(args.python))
+    try:
+        check_guide(work)
+    except CheckFailed as exc:
+        print(f'test-runner: FAILED: {exc}', file=sys.stderr)
+        return 1
 
     started = time.monotonic()
     failure = None
