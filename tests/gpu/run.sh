@@ -4,13 +4,19 @@
 # Run from anywhere (it changes to the repository root); needs only python3 and the
 # NVIDIA driver; builds nothing. Exits 0 with "SKIP: ..." on a host without them.
 # Extra arguments go to compare_mps.py (e.g. --json /tmp/mps-compare.json --keep).
-# Bounded: each side has --deadline seconds (240); a TERM from the outer bound below
-# (570 s, under a 10-minute remote command limit) stops it the same way, after which it
-# kills every daemon, server and client it started.
-set -euo pipefail
+# Then the fleet role end to end on GPU 0 (tests/gpu/role_e2e.py; WHEELS=DIR: ansible-core wheels).
+# Bounded: each compare side has --deadline seconds (240); TERMs from the outer bounds below
+# (390 s and 150 s, under a 10-minute remote command limit) stop them the same way, after which
+# each kills every daemon, server and client it started.
+set -uo pipefail
 cd "$(dirname "$0")/../.."
 PYTHON="${PYTHON:-python3}"
-if command -v timeout >/dev/null 2>&1; then
-  exec timeout -s TERM -k 30 570 "$PYTHON" tests/gpu/compare_mps.py "$@"
-fi
-exec "$PYTHON" tests/gpu/compare_mps.py "$@"
+bound() {  # seconds, command...: a TERM at the bound (the scripts clean up on it), KILL 30 s later
+  if command -v timeout >/dev/null 2>&1; then timeout -s TERM -k 30 "$@"; else shift; "$@"; fi
+}
+bound 390 "$PYTHON" tests/gpu/compare_mps.py "$@"
+compared=$?
+# The fleet role end to end on GPU 0 (ansible-core from $WHEELS, a directory of wheels, on an offline host).
+bound 150 "$PYTHON" tests/gpu/role_e2e.py ${WHEELS:+--wheels "$WHEELS"}
+role=$?
+exit $(( compared != 0 || role != 0 ))
