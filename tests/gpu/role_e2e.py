@@ -114,8 +114,9 @@ class E2E:  # pylint: disable=too-many-instance-attributes
                            and self.ask('get_default_active_thread_percentage').strip() == '25.0',
                            f'{self.recap(up)}, compute mode {self.compute_mode()}, active threads {self.ask("get_default_active_thread_percentage").strip()}'):
             return False
-        self.client = subprocess.Popen(self.client_cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,  # pylint: disable=consider-using-with
-                                       env=dict(self.env, CUDA_MPS_PIPE_DIRECTORY=self.pipe))
+        self.client = subprocess.Popen(  # pylint: disable=consider-using-with
+            self.client_cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=dict(self.env, CUDA_MPS_PIPE_DIRECTORY=self.pipe))
         assert self.client.stdout is not None
         ready = select.select([self.client.stdout], [], [], 60)[0]
         line = self.client.stdout.readline() if ready else ''

@@ -9,7 +9,7 @@
 # (390 s and 150 s, under a 10-minute remote command limit) stop them the same way, after which
 # each kills every daemon, server and client it started.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 2
 PYTHON="${PYTHON:-python3}"
 bound() {  # seconds, command...: a TERM at the bound (the scripts clean up on it), KILL 30 s later
   if command -v timeout >/dev/null 2>&1; then timeout -s TERM -k 30 "$@"; else shift; "$@"; fi
