@@ -13,6 +13,8 @@ import fnmatch
 import typing as t
 from dataclasses import dataclass, field
 
+from ansible.module_utils.parsing.convert_bool import BOOLEANS_FALSE, BOOLEANS_TRUE
+
 from .._errors import DeviceSelectionError, InvalidParameterError
 from .._gpus import VOLTA_CC, Gpu
 from .._limits.model import check_fits, check_replicas, parse_mem_limit, parse_percentage, parse_size
@@ -112,7 +114,7 @@ def plan_resources(resources: t.Any, gpus: t.Sequence[Gpu], param: str = 'resour
         replicas = per_gpu.pop() if per_gpu else None
         if replicas is not None:
             check_replicas(replicas, chosen, where + '.replicas', caps)
-        plan = ResourcePlan(name, chosen, bool(resource.get('multiuser')), replicas,
+        plan = ResourcePlan(name, chosen, multiuser(resource, where), replicas,
                             resource.get('active_thread_percentage'), resource.get('pinned_device_mem_limit'))
         _check_limits(plan, where, gpus)
         plans.append(plan)
@@ -124,6 +126,21 @@ def plan_resources(resources: t.Any, gpus: t.Sequence[Gpu], param: str = 'resour
 MAX_CLIENTS = 60
 
 
+def multiuser(resource: t.Mapping[str, t.Any], where: str) -> bool:
+    """The entry's ``multiuser`` as a bool (Ansible's boolean words accepted), or a refusal naming the entry."""
+    value = resource.get('multiuser')
+    if value is None:
+        return False
+    if isinstance(value, str):
+        value = value.strip().lower()
+    if isinstance(value, (str, bool, int)) and value in BOOLEANS_TRUE:
+        return True
+    if isinstance(value, (str, bool, int)) and value in BOOLEANS_FALSE:
+        return False
+    value = resource.get('multiuser')
+    raise InvalidParameterError(where + '.multiuser', 'must be true or false; got %r' % (value,))
+
+
 def check_resources(resources: t.Any, param: str = 'resources') -> None:
     """What can be refused in a resource list without the host's GPUs - on the controller, before any host is touched.
 
@@ -132,6 +149,7 @@ def check_resources(resources: t.Any, param: str = 'resources') -> None:
     """
     for resource, name in _entries(resources, param, True):
         where = '%s[%s]' % (param, name)
+        multiuser(resource, where)
         if resource.get('active_thread_percentage') is not None:
             parse_percentage(resource['active_thread_percentage'], where + '.active_thread_percentage')
         mem = resource.get('pinned_device_mem_limit')

@@ -86,11 +86,19 @@ def test_local_facts_hold_nothing_that_changes_between_runs_and_render_as_to_nic
     ([{'name': 'a', 'pinned_device_mem_limit': {0: '20GB'}}], r'pinned_device_mem_limit\[0\]: .20GB. is ambiguous'),
     ([{'name': 'a', 'active_thread_percentage': 150}], r'active_thread_percentage'),
     ([{'name': 'a'}, {'name': 'a'}], 'listed twice'),
+    ([{'name': 'a'}, {'name': 'b', 'multiuser': 'maybe'}], r"^resources\[b\]\.multiuser: must be true or false; got 'maybe'$"),
+    ([{'name': 'a', 'multiuser': [True]}], r'^resources\[a\]\.multiuser: must be true or false; got \[True\]$'),
 ])
 def test_what_needs_no_gpu_is_refused_without_gpus(resources, message):
     from ansible_collections.gpufleet.mps.plugins.module_utils._host.plan import check_resources
     with pytest.raises(MpsError, match=message):
         check_resources(resources)
+
+
+@pytest.mark.parametrize('value, expected', [(None, False), (True, True), ('yes', True), ('False', False), (0, False), ('on', True)])
+def test_multiuser_takes_ansible_booleans(value, expected):
+    from ansible_collections.gpufleet.mps.plugins.module_utils._host.plan import multiuser
+    assert multiuser({'name': 'a', 'multiuser': value}, 'resources[a]') is expected
 
 
 def test_a_good_list_passes_without_gpus():
