@@ -15,7 +15,7 @@ from ansible_collections.gpufleet.mps.plugins.module_utils import _proc
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource import lock as _lock
 from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor import liveness as _liveness, process as _daemon
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import (
-    ControlBinaryError, ControlCommandError, DaemonNotRunningError, DaemonTimeoutError, ReplayRejectedError,
+    ControlBinaryError, ControlCommandError, DaemonNotRunningError, DaemonTimeoutError, MpsError, ReplayRejectedError,
 )
 from ansible_collections.gpufleet.mps.plugins.module_utils._protocol.framing import Reply
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import resource_paths
@@ -373,3 +373,15 @@ def test_no_daemon_from_the_ui_still_waits_for_the_process_to_exit(paths):
     daemon.client = _Gone(proc)
     assert daemon.stop(proc.pid) is False
     assert slept, 'stop() returned while the daemon process was still alive'
+
+
+def test_a_start_that_loses_the_race_to_another_manager_says_so_and_touches_nothing_of_its_daemon(paths, tmp_path):
+    # Another manager's -d took the lock between this run's lock check and its own -d: NVIDIA's -d answers
+    # "An instance of this daemon is already running" and exits 1 (the troubleshooting guide quotes the result).
+    binary = tmp_path / 'nvidia-cuda-mps-control'
+    binary.write_text('#!/bin/sh\necho "%s"\nexit 1\n' % _daemon.ALREADY_RUNNING_TEXT)
+    binary.chmod(0o755)
+    daemon = _daemon.Daemon(paths, str(binary), start_timeout=1, stop_timeout=0)
+    with pytest.raises(MpsError, match='^another MPS control daemon started on %s at the same time$' % paths.pipe_dir):
+        daemon.start([], multiuser=False)
+    assert sorted(os.listdir(paths.pipe_dir)) == []
