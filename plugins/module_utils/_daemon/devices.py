@@ -89,8 +89,9 @@ class DeviceChoice:
         owners = self.owned_elsewhere()
         taken = [(gpu, owners[gpu.uuid]) for gpu in devices if gpu.uuid in owners]
         if taken:
-            raise DeviceSelectionError('devices: %s already used by another MPS daemon under %s' % (
-                '; '.join('%s by resource %r' % (gpu.label, owner) for gpu, owner in taken), self.paths.root))
+            used = '; '.join('%s is already used by resource %r' % (gpu.label, owner) for gpu, owner in taken)
+            raise DeviceSelectionError('devices: %s: a GPU belongs to one MPS daemon under %s; stop that resource or choose '
+                                       'other devices' % (used, self.paths.root))
         if shm:
             self._check_shm()
         return Wanted(devices, multiuser, self.supervisor, compute_mode, enabled, shm, foreground)
