@@ -62,8 +62,8 @@ simhost-reset:
 	$(MAKE) simhost
 
 # --- tests --------------------------------------------------------------------------------------
-.PHONY: test collection sanity units integration upgrade lint changelog-lint docs-lint docs docs-commands test-fakes molecule packaging bench-quick ee runner leftovers
-test: changelog-lint test-fakes sanity units integration upgrade lint docs-lint docs docs-commands packaging ee runner bench-quick molecule
+.PHONY: test collection sanity units integration upgrade lint changelog-lint docs-lint docs docs-commands test-fakes molecule packaging bench-quick ssh ee runner leftovers
+test: changelog-lint test-fakes sanity units integration upgrade lint docs-lint docs docs-commands packaging ee runner bench-quick ssh molecule
 	$(MAKE) leftovers
 	@echo 'make test: all passed'
 
@@ -113,6 +113,10 @@ docs: collection
 # The benchmark in its smallest form, so it keeps working (bench/README.md; never judges wall-clock times).
 bench-quick: collection simhost
 	$(VPY) bench/fleetbench.py --hosts 2 --reps 1 --out $(TEST_ROOT)/bench-quick --sim-base $(TEST_ROOT)
+
+# The fleet role over SSH to an sshd of the test's own on 127.0.0.1, as fleets are reached (openssh-server: make deps).
+ssh: collection simhost deps
+	TEST_ROOT=$(TEST_ROOT) $(VPY) -m pytest -q -p no:cacheprovider tests/ssh
 
 # The galaxy tarball: no dev artefacts in it, and the installed copy runs by FQCN.
 packaging: simhost
