@@ -40,12 +40,22 @@ def local_facts(plan: t.Sequence[t.Mapping[str, t.Any]], daemons: t.Sequence[t.A
             'multiuser': bool(entry.get('multiuser')),
             'replicas': entry.get('replicas'),
             'active_thread_percentage': persisted.get('active_thread_percentage'),
-            'pinned_device_mem_limit_mib': persisted.get('pinned_device_mem_limit_mib') or {},
+            'pinned_device_mem_limit_mib': own_limits(persisted.get('pinned_device_mem_limit_mib') or {}, entry['devices']),
             'healthy': bool(daemon.get('healthy')),
             'env': daemon.get('env') or {},
         })
     return {'format': FORMAT, 'root': str(root), 'ready': bool(resources) and all(item['healthy'] for item in resources),
             'resources': resources}
+
+
+def own_limits(limits: t.Mapping[str, t.Any], devices: t.Sequence[str]) -> t.Dict[str, t.Any]:
+    """The pinned limits of the resource's own GPUs (and a size for every GPU, ``*``).
+
+    The persisted record of a replica count holds a limit for every GPU of the host (it need not change when the
+    resource's devices do); a scheduler reading the facts must see only what the resource's daemon applies.
+    """
+    own = set(devices)
+    return {key: value for key, value in limits.items() if key in own or not key.startswith(('GPU-', 'MIG-'))}
 
 
 def facts_text(facts: t.Mapping[str, t.Any]) -> str:

@@ -105,3 +105,14 @@ def test_a_good_list_passes_without_gpus():
     from ansible_collections.gpufleet.mps.plugins.module_utils._host.plan import check_resources
     check_resources([{'name': 'a', 'devices': [0, 'GPU-1'], 'replicas': {'NVIDIA*': 8, 'default': 60}, 'multiuser': True,
                       'pinned_device_mem_limit': {0: '20G'}, 'active_thread_percentage': 25}])
+
+
+def test_local_facts_name_the_pinned_limits_of_the_resources_own_gpus_only():
+    """A replica count persists a limit for every GPU of the host; a scheduler reading the facts sees the daemon's."""
+    plan = [p.as_dict() for p in plan_resources([{'name': 'gpu1', 'devices': [1], 'replicas': 4}], GPUS)]
+    every = {gpu.uuid: gpu.memory_total_mib // 4 for gpu in GPUS}
+    daemons = [{'name': 'gpu1', 'healthy': True,
+                'limits': {'persisted': {'active_thread_percentage': 25.0, 'pinned_device_mem_limit_mib': every}}}]
+    own = local_facts(plan, daemons, [g.facts() for g in GPUS], '/r')['resources'][0]
+    assert own['pinned_device_mem_limit_mib'] == {GPUS[1].uuid: GPUS[1].memory_total_mib // 4}
+    assert [device['uuid'] for device in own['devices']] == [GPUS[1].uuid]
