@@ -35,6 +35,8 @@ OPTIONS: t.Dict[str, t.Dict[str, t.Any]] = {
     'log_mode': dict(type='raw', default=format(DEFAULT_LOG_MODE, '04o')),
     'shm': dict(type='bool', default=False),
     'foreground': dict(type='bool', default=False),
+    'unit_before': dict(type='list', elements='str', default=[]),
+    'unit_after': dict(type='list', elements='str', default=[]),
     'container_root': dict(type='path', default=DEFAULT_CONTAINER_ROOT),
     'selinux_type': dict(type='str', default=CONTAINER_TYPE),
     'remove_logs': dict(type='bool', default=False),

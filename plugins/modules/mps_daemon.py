@@ -167,6 +167,28 @@ options:
     type: bool
     default: false
     version_added: 0.2.0
+  unit_before:
+    description:
+      - With O(supervisor=systemd), systemd units the daemon's unit is ordered before, for example C(slurmd.service),
+        C(kubelet.service) or C(ecs.service). A per-instance drop-in (C(gpufleet-order.conf)) gets C(Before=) with them, so
+        that when both start (at boot), they start once the daemon answers (C(Type=forking) returns then).
+      - Ordering only - it pulls none of them in, does not stop them when the daemon fails, and a unit that is not installed
+        is ignored. Whole names with their type; each once; not this collection's own units. Changing it rewrites the
+        drop-in and reloads systemd, without a restart of the daemon.
+      - Refused with O(supervisor=none), since nothing orders a daemon the module starts itself.
+    type: list
+    elements: str
+    default: []
+    version_added: 0.2.0
+  unit_after:
+    description:
+      - With O(supervisor=systemd), systemd units the daemon's unit is ordered after (C(After=) in the same drop-in), for
+        example a driver or storage unit it needs first. The unit already starts after C(nvidia-persistenced.service).
+      - As with O(unit_before) - ordering only, whole names, refused with O(supervisor=none); a unit may not be in both.
+    type: list
+    elements: str
+    default: []
+    version_added: 0.2.0
   container_root:
     description:
       - The directory under which containers see the resources' pipe directories (the device plugin's C(ContainerRoot)),
@@ -368,6 +390,7 @@ def argument_spec():
     return spec(
         'root', 'config_dir', 'control_binary', 'remove_logs', 'busy', 'busy_timeout', 'devices', 'compute_mode', 'multiuser',
         'supervisor', 'start_timeout', 'stop_timeout', 'log_mode', 'shm', 'foreground', 'container_root', 'selinux_type',
+        'unit_before', 'unit_after',
         name=dict(type='str', required=True),
         state=dict(type='str', choices=['started', 'stopped', 'restarted', 'absent'], default='started'),
         enabled=dict(type='bool', default=True),

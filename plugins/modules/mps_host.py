@@ -152,6 +152,25 @@ options:
         O(gpufleet.mps.mps_daemon#module:foreground)). Refused when the daemons run without systemd.
     type: bool
     default: false
+  unit_before:
+    description:
+      - With systemd supervising, units every daemon's unit is ordered before (C(Before=) in a per-instance drop-in), for
+        example C(slurmd.service) or C(kubelet.service), so that at boot they start once the daemons answer. See
+        M(gpufleet.mps.mps_daemon)'s O(gpufleet.mps.mps_daemon#module:unit_before). Refused when the daemons run without
+        systemd.
+    type: list
+    elements: str
+    default: []
+    version_added: 0.2.0
+  unit_after:
+    description:
+      - With systemd supervising, units every daemon's unit is ordered after (C(After=)), for example a driver unit. See
+        M(gpufleet.mps.mps_daemon)'s O(gpufleet.mps.mps_daemon#module:unit_after). Refused when the daemons run without
+        systemd.
+    type: list
+    elements: str
+    default: []
+    version_added: 0.2.0
   shm_size:
     description: The tmpfs size - a percentage of RAM (V(50%)) or a size (V(16G)).
     type: str
@@ -381,7 +400,8 @@ from ansible_collections.gpufleet.mps.plugins.module_utils._options import spec
 
 # The options mps_daemon, mps_limits and the role share, declared once in _options.py.
 SHARED = ('root', 'config_dir', 'control_binary', 'compute_mode', 'supervisor', 'log_mode', 'shm', 'foreground', 'container_root',
-          'start_timeout', 'stop_timeout', 'busy', 'busy_timeout', 'running_servers', 'selinux_type', 'remove_logs')
+          'start_timeout', 'stop_timeout', 'busy', 'busy_timeout', 'running_servers', 'selinux_type', 'remove_logs', 'unit_before',
+          'unit_after')
 
 
 def argument_spec():

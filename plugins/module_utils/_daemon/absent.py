@@ -28,7 +28,7 @@ class Absent:
         unit_d = os.path.dirname(self.dropin_path)
         return [
             self.config.env_file, self.config.limits_file, self.config.limits_json, self.config.limits_env,
-            self.dropin_path, self.foreground_dropin_path, self.pidfile_dropin_path, os.path.join(unit_d),
+            self.dropin_path, self.foreground_dropin_path, self.pidfile_dropin_path, self.order_dropin_path, os.path.join(unit_d),
             self.paths.started_file,
         ] + [os.path.join(self.paths.pipe_dir, name) for name in PIPE_DIR_FILES + (LOCK_FILE,)] + [
             self.paths.pipe_dir,

@@ -26,7 +26,7 @@ from .._resource.record import StartRecord, read_record
 from .._selinux import validate_type as validate_selinux_type
 from .._supervisor.liveness import DaemonState, inspect
 from .._supervisor.process import Daemon
-from .._supervisor.unit import UNIT_DIR, Systemctl, instance_unit, systemd_is_pid1
+from .._supervisor.unit import UNIT_DIR, Systemctl, instance_unit, systemd_is_pid1, validate_units
 from .absent import Absent
 # The unit tests import it from here.
 from .absent import _rmdir_if_empty  # noqa: F401  pylint: disable=unused-import
@@ -277,6 +277,8 @@ class DaemonSetup:
     busy: str = 'refuse'
     busy_timeout: int = DEFAULT_BUSY_TIMEOUT
     selinux_type: str = ''
+    unit_before: t.Tuple[str, ...] = ()
+    unit_after: t.Tuple[str, ...] = ()
 
     @classmethod
     def from_params(cls, params: t.Mapping[str, t.Any], binary: t.Callable[[t.Optional[str]], str]) -> 'DaemonSetup':
@@ -319,12 +321,22 @@ class DaemonSetup:
         daemon = Daemon(paths, control, start_timeout=params['start_timeout'], stop_timeout=params['stop_timeout'],
                         log_mode=log_mode, shm_dir=paths.shm_dir if params['shm'] else None)
         selinux_type = validate_selinux_type(params.get('selinux_type'))
+        before = validate_units(params.get('unit_before'), 'unit_before')
+        after = validate_units(params.get('unit_after'), 'unit_after')
+        both = [name for name in after if name in before]
+        if both:
+            raise InvalidParameterError('unit_after', '%s %s in unit_before too: the daemon cannot start both before and after a '
+                                        'unit' % (', '.join(both), 'is' if len(both) == 1 else 'are'))
+        if (before or after) and supervisor != 'systemd' and not leaving:
+            raise InvalidParameterError('unit_before' if before else 'unit_after', 'needs supervisor=systemd (it orders the '
+                                        "daemon's systemd unit); the daemons here run with supervisor=%s" % supervisor)
         return cls(paths, config, container, daemon, supervisor, systemctl, nvidia_smi, params['busy'], params['busy_timeout'],
-                   selinux_type)
+                   selinux_type, before, after)
 
     def manager(self, nvml: Nvml, check_mode: bool, host: t.Optional[HostContext] = None) -> ResourceManager:
         manager = ResourceManager(self.paths, self.config, self.daemon, nvml, self.supervisor, check_mode,
                                   systemctl=self.systemctl, nvidia_smi=self.nvidia_smi, host=host)
         manager.busy, manager.busy_timeout = self.busy, self.busy_timeout
         manager.selinux_type = self.selinux_type
+        manager.unit_before, manager.unit_after = self.unit_before, self.unit_after
         return manager

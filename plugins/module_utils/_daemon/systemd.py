@@ -12,11 +12,13 @@ from .._outcome import Outcome
 from .._supervisor.liveness import PID_FILE, inspect
 from .._supervisor.unit import (
     FOREGROUND_DROPIN,
+    ORDER_DROPIN,
     PIDFILE_DROPIN,
     SHM_DROPIN,
     UNIT_NAME,
     render_env,
     render_foreground_dropin,
+    render_order_dropin,
     render_pidfile_dropin,
     render_shm_dropin,
     render_unit,
@@ -28,6 +30,10 @@ from .model import Wanted
 class SystemdUnit:
     """Of :class:`ResourceManager`: the daemon's unit under supervisor=systemd."""
 
+    # the units the daemon starts before and after (mps_daemon unit_before, unit_after; DaemonSetup sets them)
+    unit_before: t.Tuple[str, ...] = ()
+    unit_after: t.Tuple[str, ...] = ()
+
     @property
     def dropin_path(self) -> str:
         return os.path.join(self.unit_dir, '%s.d' % self.unit, SHM_DROPIN)
@@ -37,13 +43,18 @@ class SystemdUnit:
         return os.path.join(self.unit_dir, '%s.d' % self.unit, FOREGROUND_DROPIN)
 
     @property
+    def order_dropin_path(self) -> str:
+        return os.path.join(self.unit_dir, '%s.d' % self.unit, ORDER_DROPIN)
+
+    @property
     def pidfile_dropin_path(self) -> str:
         return os.path.join(self.unit_dir, '%s.d' % self.unit, PIDFILE_DROPIN)
 
     # --- systemd files ---------------------------------------------------------------------------
     def unit_files(self) -> t.List[str]:
         """The unit files a plan compares (the environment file aside): a host plan observes them first."""
-        return [os.path.join(self.unit_dir, UNIT_NAME), self.dropin_path, self.foreground_dropin_path, self.pidfile_dropin_path]
+        return [os.path.join(self.unit_dir, UNIT_NAME), self.dropin_path, self.foreground_dropin_path, self.pidfile_dropin_path,
+                self.order_dropin_path]
 
     def _env_values(self, wanted: Wanted) -> t.Dict[str, str]:
         return unit_environment(self.paths, self.config, [gpu.uuid for gpu in wanted.devices], wanted.multiuser,
@@ -59,6 +70,7 @@ class SystemdUnit:
             self.foreground_dropin_path: render_foreground_dropin(int(self.daemon.start_timeout)) if wanted.foreground else None,
             self.pidfile_dropin_path: (None if wanted.foreground else
                                        render_pidfile_dropin(os.path.join(self.paths.pipe_dir, PID_FILE))),
+            self.order_dropin_path: render_order_dropin(self.unit_before, self.unit_after),
         }
 
     def _start_unit(self, wanted: Wanted, out: Outcome, restart: bool) -> None:
@@ -69,7 +81,6 @@ class SystemdUnit:
         self._write_record(wanted, inspect(self.paths).pid or self.systemctl.main_pid(self.unit), out)
 
     def _install_unit(self, wanted: Wanted, out: Outcome) -> None:
-        unit_path = os.path.join(self.unit_dir, UNIT_NAME)
         reload_needed = False
         for path, content in self._systemd_files(wanted).items():
             seen = self.host.host_seen  # the files as a host plan observed them
@@ -80,7 +91,7 @@ class SystemdUnit:
             else:
                 out.act('write %s' % path, lambda path=path, content=content: (
                     ensure_dir(os.path.dirname(path), 0o755), atomic_write(path, content, 0o644)))
-            reload_needed = reload_needed or path in (unit_path, self.dropin_path, self.pidfile_dropin_path, self.foreground_dropin_path)
+            reload_needed = reload_needed or path != self.config.env_file
         if reload_needed:
             out.act('systemctl daemon-reload', self.systemctl.daemon_reload if self.systemctl else None)
         self._apply_enabled(wanted.enabled, out)

@@ -125,7 +125,8 @@ class HostManager:
                       devices=[gpu.uuid for gpu in plan.devices] if plan else 'all', multiuser=plan.multiuser if plan else False,
                       compute_mode=p['compute_mode'], supervisor=p['supervisor'], start_timeout=p['start_timeout'],
                       stop_timeout=p['stop_timeout'], busy=p['busy'], busy_timeout=p['busy_timeout'], log_mode=p['log_mode'],
-                      shm=p['shm'], container_root=p['container_root'], selinux_type=p['selinux_type'])
+                      shm=p['shm'], container_root=p['container_root'], selinux_type=p['selinux_type'],
+                      unit_before=p['unit_before'], unit_after=p['unit_after'])
         try:
             return DaemonSetup.from_params(values, self.binary)
         except InvalidParameterError as exc:

@@ -20,11 +20,12 @@ control UI, so a host boots into a working MPS even when Python or the collectio
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import typing as t
 
-from .._errors import MpsError
+from .._errors import InvalidParameterError, MpsError
 from .._protocol.commands import QUIT
 from .._resource.layout import ConfigPaths, ResourcePaths
 
@@ -127,6 +128,16 @@ ExecStartPost=/bin/sh -c '""" + _WAIT + _REPLAY + """'
 """
 
 
+ORDER_DROPIN = 'gpufleet-order.conf'
+ORDER_DROPIN_TEMPLATE = """\
+# Managed by the gpufleet.mps Ansible collection (mps_daemon unit_before, unit_after). Local changes are overwritten.
+# Ordering only: when both are started, systemd starts the units of Before= after this daemon and the units of After=
+# before it. It pulls none of them in, and a unit that is not installed is ignored.
+[Unit]
+{lines}"""
+# A unit name as systemd takes it: a name (an instance after @), and its type.
+_UNIT_NAME = re.compile(r'[A-Za-z0-9:_.\\-]+(@[A-Za-z0-9:_.\\-]*)?[.](service|socket|target|device|mount|automount|swap|path|timer|slice|scope)')
+
 PIDFILE_DROPIN = 'gpufleet-pidfile.conf'
 PIDFILE_DROPIN_TEMPLATE = """\
 # Managed by the gpufleet.mps Ansible collection (mps_daemon). Local changes are overwritten.
@@ -162,6 +173,34 @@ def render_foreground_dropin(start_timeout: int) -> str:
 def render_pidfile_dropin(pid_file: str) -> str:
     """The per-instance drop-in that names the daemon's pid file (``<pipe>/nvidia-cuda-mps-control.pid``)."""
     return PIDFILE_DROPIN_TEMPLATE.format(pid_file=_unit_path(pid_file))
+
+
+def validate_units(value: t.Any, param: str) -> t.Tuple[str, ...]:
+    """``unit_before`` / ``unit_after``: systemd unit names, each once, never one of this collection's own units."""
+    if value is None:
+        return ()
+    if not isinstance(value, (list, tuple)):
+        raise InvalidParameterError(param, 'must be a list of systemd unit names, for example [slurmd.service, kubelet.service]')
+    names: t.List[str] = []
+    for item in value:
+        name = str(item)
+        if len(name) > 255 or not _UNIT_NAME.fullmatch(name):
+            raise InvalidParameterError(param, '%r is not a systemd unit name: give the whole name with its type, for example '
+                                        'slurmd.service or kubelet.service' % name)
+        if name.startswith('gpufleet-mps'):
+            raise InvalidParameterError(param, '%s is a unit of this collection: the daemons are not ordered against each other '
+                                        'or their health check' % name)
+        if name not in names:
+            names.append(name)
+    return tuple(names)
+
+
+def render_order_dropin(before: t.Sequence[str], after: t.Sequence[str]) -> t.Optional[str]:
+    """The per-instance drop-in that orders the daemon before and after other units; None when there is no order."""
+    if not before and not after:
+        return None
+    lines = ''.join('%s=%s\n' % (key, ' '.join(names)) for key, names in (('Before', before), ('After', after)) if names)
+    return ORDER_DROPIN_TEMPLATE.format(lines=lines)
 
 
 def render_unit(config_dir: str, start_timeout: int, stop_timeout: int) -> str:

@@ -11,7 +11,7 @@ import pytest
 from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.liveness import DaemonState
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import InvalidParameterError
 from ansible_collections.gpufleet.mps.plugins.module_utils._daemon import manager as _manager
-from ansible_collections.gpufleet.mps.plugins.module_utils._daemon.manager import Outcome, ResourceManager, Wanted
+from ansible_collections.gpufleet.mps.plugins.module_utils._daemon.manager import DaemonSetup, Outcome, ResourceManager, Wanted
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import config_paths, resource_paths
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource.record import StartRecord
 from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.unit import RESTART_ENV, parse_env, render_env
@@ -231,3 +231,34 @@ def test_foreground_without_systemd_is_refused_before_anything(tmp_path):
     with pytest.raises(InvalidParameterError, match='^foreground: needs supervisor=systemd'):
         manager.wanted('all', False, 'exclusive_process', True, foreground=True)
     assert not os.path.exists(str(tmp_path / 'root'))
+
+
+def test_a_unit_order_is_a_dropin_of_its_own_rewritten_without_a_restart(manager):
+    wanted = _wanted()
+    assert manager._systemd_files(wanted)[manager.order_dropin_path] is None
+    manager.unit_before, manager.unit_after = ('slurmd.service',), ('nvidia-fabricmanager.service',)
+    text = manager._systemd_files(wanted)[manager.order_dropin_path]
+    assert 'Before=slurmd.service\nAfter=nvidia-fabricmanager.service\n' in text
+    assert manager.order_dropin_path.endswith('gpufleet-mps@train.service.d/gpufleet-order.conf')
+    assert manager.order_dropin_path in manager.unit_files() and manager.order_dropin_path in manager.created_files()
+    # ordering is read by systemd at boot, not by the running daemon: never a restart
+    _write_env(manager, wanted)
+    assert manager._differences(wanted, RUNNING, _record(wanted)) == []
+
+
+@pytest.mark.parametrize('params, message', [
+    ({'supervisor': 'none', 'unit_before': ['slurmd.service']}, '^unit_before: needs supervisor=systemd'),
+    ({'supervisor': 'none', 'unit_after': ['x.target']}, '^unit_after: needs supervisor=systemd'),
+    ({'supervisor': 'none', 'unit_before': ['a.service', 'b.service'], 'unit_after': ['b.service']},
+     '^unit_after: b.service is in unit_before too'),
+    ({'supervisor': 'none', 'unit_before': ['slurmd']}, "^unit_before: 'slurmd' is not a systemd unit name"),
+])
+def test_a_unit_order_is_refused_before_anything_where_it_cannot_apply(tmp_path, params, message):
+    values = dict(root=str(tmp_path / 'root'), config_dir=str(tmp_path / 'etc'), control_binary=None, name='train', state='started',
+                  devices='all', multiuser=False, compute_mode='exclusive_process', supervisor='none', start_timeout=30,
+                  stop_timeout=30, busy='refuse', busy_timeout=600, log_mode='0700', shm=False, container_root='/mps',
+                  selinux_type='')
+    values.update(params)
+    with pytest.raises(InvalidParameterError, match=message):
+        DaemonSetup.from_params(values, lambda _binary: '/bin/true')
+    assert not os.path.exists(str(tmp_path / 'root')) and not os.path.exists(str(tmp_path / 'etc'))

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor import unit as _systemd
-from ansible_collections.gpufleet.mps.plugins.module_utils._errors import MpsError
+from ansible_collections.gpufleet.mps.plugins.module_utils._errors import InvalidParameterError, MpsError
 
 
 def test_unit_reads_the_instance_environment_and_replays_limits_after_start():
@@ -44,7 +44,7 @@ def test_the_pidfile_dropin_names_the_daemons_pid_file_and_refuses_what_a_unit_f
         _systemd.render_shm_dropin('/a b/shm')  # BindPaths= is a space-separated list
 
 
-@pytest.mark.parametrize('with_pidfile', [False, True, 'a b%', 'foreground'])
+@pytest.mark.parametrize('with_pidfile', [False, True, 'a b%', 'foreground', 'order'])
 @pytest.mark.skipif(shutil.which('systemd-analyze') is None, reason='systemd-analyze not installed')
 def test_rendered_unit_passes_systemd_analyze_verify_without_any_message(tmp_path, with_pidfile):
     config_dir = tmp_path / 'etc'
@@ -62,6 +62,11 @@ def test_rendered_unit_passes_systemd_analyze_verify_without_any_message(tmp_pat
         dropin_dir = unit_dir / 'gpufleet-mps@train.service.d'
         dropin_dir.mkdir()
         (dropin_dir / _systemd.FOREGROUND_DROPIN).write_text(_systemd.render_foreground_dropin(30))
+    elif with_pidfile == 'order':
+        dropin_dir = unit_dir / 'gpufleet-mps@train.service.d'
+        dropin_dir.mkdir()
+        (dropin_dir / _systemd.ORDER_DROPIN).write_text(_systemd.render_order_dropin(
+            ['slurmd.service', 'kubelet.service'], ['nvidia-fabricmanager.service', 'remote-fs.target']))
     elif with_pidfile:
         dropin_dir = unit_dir / 'gpufleet-mps@train.service.d'
         dropin_dir.mkdir()
@@ -226,3 +231,29 @@ def test_the_observed_systemctl_answers_from_the_observation_only_while_a_plan_i
     observed.deciding = False
     observed.is_enabled('a.service')  # executing: always live
     assert (tmp_path / 'calls').read_text().splitlines() == ['is-active --quiet b.service', 'is-enabled --quiet a.service']
+
+
+def test_the_order_dropin_says_before_and_after_and_is_absent_without_an_order():
+    text = _systemd.render_order_dropin(['slurmd.service', 'kubelet.service'], ['nvidia-fabricmanager.service'])
+    assert '[Unit]\nBefore=slurmd.service kubelet.service\nAfter=nvidia-fabricmanager.service\n' in text
+    assert text.startswith('# Managed by the gpufleet.mps Ansible collection')
+    assert '\nBefore=' not in _systemd.render_order_dropin([], ['a.target'])
+    assert _systemd.render_order_dropin([], []) is None
+
+
+@pytest.mark.parametrize('value, message', [
+    (['slurmd'], "'slurmd' is not a systemd unit name: give the whole name with its type, for example slurmd.service"),
+    (['slurmd.service\nExecStart=/bin/sh'], 'is not a systemd unit name'),
+    (['a b.service'], 'is not a systemd unit name'),
+    (['gpufleet-mps-health.timer'], 'gpufleet-mps-health.timer is a unit of this collection'),
+    ('slurmd.service', 'must be a list of systemd unit names'),
+])
+def test_unit_order_names_are_whole_systemd_unit_names(value, message):
+    with pytest.raises(InvalidParameterError, match='^unit_before: .*' + message.replace('(', r'\(').replace(')', r'\)')[:60]):
+        _systemd.validate_units(value, 'unit_before')
+
+
+def test_unit_order_names_are_kept_in_order_each_once():
+    assert _systemd.validate_units(['slurmd.service', 'getty@tty1.service', 'slurmd.service', 'multi-user.target'], 'unit_before') == (
+        'slurmd.service', 'getty@tty1.service', 'multi-user.target')
+    assert _systemd.validate_units(None, 'unit_after') == () and _systemd.validate_units([], 'unit_after') == ()
