@@ -100,7 +100,16 @@ options:
           - Default pinned device memory limit, one size for every GPU of the resource or a mapping from GPU index or
             UUID to a size, in the units V(M), V(MiB), V(G), V(GiB) (binary; V(GB) and V(MB) are refused as ambiguous), at
             most the GPU's memory. Not given - none.
+          - With O(resources[].replicas), it may not exceed C(total_MiB // replicas) of any of the resource's GPUs - the
+            replicas together would pin more than the GPU holds - unless O(resources[].oversubscribe=true).
         type: raw
+      oversubscribe:
+        description:
+          - Allow an explicit O(resources[].pinned_device_mem_limit) that, times O(resources[].replicas), is more than a
+            GPU's memory (see M(gpufleet.mps.mps_limits)'s O(gpufleet.mps.mps_limits#module:oversubscribe)).
+        type: bool
+        default: false
+        version_added: 0.2.0
   prune:
     description: Remove the resources under O(root) (or with files in O(config_dir)) that O(resources) does not list.
     type: bool
@@ -412,6 +421,7 @@ def argument_spec():
             'devices', 'multiuser', 'active_thread_percentage', 'pinned_device_mem_limit',
             name=dict(type='str', required=True),
             replicas=dict(type='raw'),
+            oversubscribe=dict(type='bool', default=False),
         )),
         prune=dict(type='bool', default=True),
         orphans=dict(type='str', choices=['refuse', 'stop'], default='refuse'),

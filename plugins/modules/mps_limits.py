@@ -76,6 +76,16 @@ options:
         Before the first start of a new resource (its GPUs not known yet) it is refused only when no GPU of the host
         takes that many.
     type: int
+  oversubscribe:
+    description:
+      - With O(replicas) and an explicit O(pinned_device_mem_limit), each of the replicas may pin that much. A limit that,
+        times O(replicas), is more than a GPU's memory lets its clients together pin more than it holds, and the last
+        ones to allocate fail. Such a plan is refused (check mode too), naming the GPU and the largest limit that fits,
+        unless this is V(true).
+      - Without O(replicas), or with the computed limit (C(total_MiB // replicas)), there is nothing to oversubscribe.
+    type: bool
+    default: false
+    version_added: 0.2.0
   running_servers:
     description:
       - Servers already running keep the limits they started with; new defaults only reach servers started later.
@@ -227,6 +237,7 @@ def argument_spec():
         'root', 'config_dir', 'control_binary', 'running_servers', 'active_thread_percentage', 'pinned_device_mem_limit',
         name=dict(type='str', required=True),
         replicas=dict(type='int'),
+        oversubscribe=dict(type='bool', default=False),
         persist=dict(type='bool', default=True),
         create=dict(type='bool', default=False),
         timeout=dict(type='int', default=30),
@@ -244,6 +255,7 @@ def run(module):
         daemon = Daemon(paths, control_binary(params['control_binary']), start_timeout=params['timeout'], stop_timeout=0)
     with Nvml() as nvml:
         manager = LimitsManager(paths, config, daemon, nvml.gpus(), module.check_mode)
+        manager.oversubscribe = params['oversubscribe']
         outcome = manager.ensure(params['active_thread_percentage'], params['pinned_device_mem_limit'], params['replicas'],
                                  params['running_servers'], params['persist'], params['create'])
         if nvml.enumeration_var_was_set:

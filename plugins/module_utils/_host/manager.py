@@ -319,6 +319,7 @@ class HostManager:
         manager = LimitsManager(res.setup.paths, res.setup.config, res.setup.daemon if running else None, self.nvml.gpus(),
                                 self.check_mode, seen=None if assume_stopped else res.seen, files=self.seen)
         manager.exact = True
+        manager.oversubscribe = plan.oversubscribe
         manager.planned = list(plan.devices)
         manager.assume_stopped = assume_stopped
         manager.start_follows = True

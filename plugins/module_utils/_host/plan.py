@@ -17,11 +17,11 @@ from ansible.module_utils.parsing.convert_bool import BOOLEANS_FALSE, BOOLEANS_T
 
 from .._errors import DeviceSelectionError, InvalidParameterError
 from .._gpus import VOLTA_CC, Gpu
-from .._limits.model import check_fits, check_replicas, parse_mem_limit, parse_percentage, parse_size
+from .._limits.model import check_fits, check_replicas, check_shares_fit, parse_mem_limit, parse_percentage, parse_size
 from .._resource.layout import validate_name
 from .._selectors import resolve_devices
 
-RESOURCE_KEYS = ('name', 'devices', 'multiuser', 'replicas', 'active_thread_percentage', 'pinned_device_mem_limit')
+RESOURCE_KEYS = ('name', 'devices', 'multiuser', 'replicas', 'active_thread_percentage', 'pinned_device_mem_limit', 'oversubscribe')
 
 
 @dataclass
@@ -35,6 +35,8 @@ class ResourcePlan:
     active_thread_percentage: t.Any = None
     pinned_device_mem_limit: t.Any = None
     limits: t.Dict[str, t.Any] = field(default_factory=dict)
+    # replicas times an explicit pinned limit may exceed a GPU's memory
+    oversubscribe: bool = False
 
     @property
     def has_limits(self) -> bool:
@@ -115,7 +117,8 @@ def plan_resources(resources: t.Any, gpus: t.Sequence[Gpu], param: str = 'resour
         if replicas is not None:
             check_replicas(replicas, chosen, where + '.replicas', caps)
         plan = ResourcePlan(name, chosen, multiuser(resource, where), replicas,
-                            resource.get('active_thread_percentage'), resource.get('pinned_device_mem_limit'))
+                            resource.get('active_thread_percentage'), resource.get('pinned_device_mem_limit'),
+                            oversubscribe=boolean(resource, 'oversubscribe', where))
         _check_limits(plan, where, gpus)
         plans.append(plan)
     return plans
@@ -128,7 +131,12 @@ MAX_CLIENTS = 60
 
 def multiuser(resource: t.Mapping[str, t.Any], where: str) -> bool:
     """The entry's ``multiuser`` as a bool (Ansible's boolean words accepted), or a refusal naming the entry."""
-    value = resource.get('multiuser')
+    return boolean(resource, 'multiuser', where)
+
+
+def boolean(resource: t.Mapping[str, t.Any], key: str, where: str) -> bool:
+    """The entry's ``key`` as a bool (Ansible's boolean words accepted; absent: false), or a refusal naming the entry."""
+    value = resource.get(key)
     if value is None:
         return False
     if isinstance(value, str):
@@ -137,8 +145,7 @@ def multiuser(resource: t.Mapping[str, t.Any], where: str) -> bool:
         return True
     if isinstance(value, (str, bool, int)) and value in BOOLEANS_FALSE:
         return False
-    value = resource.get('multiuser')
-    raise InvalidParameterError(where + '.multiuser', 'must be true or false; got %r' % (value,))
+    raise InvalidParameterError('%s.%s' % (where, key), 'must be true or false; got %r' % (resource.get(key),))
 
 
 def check_resources(resources: t.Any, param: str = 'resources') -> None:
@@ -150,6 +157,7 @@ def check_resources(resources: t.Any, param: str = 'resources') -> None:
     for resource, name in _entries(resources, param, True):
         where = '%s[%s]' % (param, name)
         multiuser(resource, where)
+        boolean(resource, 'oversubscribe', where)
         if resource.get('active_thread_percentage') is not None:
             parse_percentage(resource['active_thread_percentage'], where + '.active_thread_percentage')
         mem = resource.get('pinned_device_mem_limit')
@@ -179,6 +187,8 @@ def _check_limits(plan: ResourcePlan, where: str, gpus: t.Sequence[Gpu]) -> None
         param = where + '.pinned_device_mem_limit'
         mib = parse_mem_limit(plan.pinned_device_mem_limit, gpus, plan.devices, param)
         check_fits(mib, plan.devices, param)
+        if plan.replicas is not None and not plan.oversubscribe:
+            check_shares_fit(mib, plan.replicas, plan.devices, param)
         plan.limits['pinned_device_mem_limit'] = mib
     old = [gpu for gpu in plan.devices if gpu.compute_capability < VOLTA_CC]
     if plan.multiuser and old:

@@ -27,6 +27,7 @@ from .._resource.record import read_record
 from .._proc import child_pids, uuids_from_environ
 from .model import (
     check_fits,
+    check_shares_fit,
     check_replicas,
     EVERY_GPU,
     Limits,
@@ -95,6 +96,8 @@ class LimitsManager:
         # mps_host: the same plan starts the daemon (every listed resource runs after it): a daemon found dead is
         # recovered there and its limits replayed, so its absence now is no warning of the limits' own.
         self.start_follows = False
+        # Whether replicas times an explicit pinned limit may exceed a GPU's memory (mps_limits oversubscribe).
+        self.oversubscribe = False
 
     # --- what the daemon has ----------------------------------------------------------------------
     def scope(self, create: bool) -> t.Tuple[t.List[Gpu], bool, t.Optional[int]]:
@@ -167,10 +170,11 @@ class LimitsManager:
         if mem is not None:
             param = 'pinned_device_mem_limit'
             limits.pinned_device_mem_limit = parse_mem_limit(mem, self.gpus, scope, param)
-            if EVERY_GPU in limits.pinned_device_mem_limit and unknown:
-                check_fits(limits.pinned_device_mem_limit, [max(scope, key=lambda gpu: gpu.memory_total_mib)], param)
-            else:
-                check_fits(limits.pinned_device_mem_limit, scope, param)  # a GPU named in a mapping: its own size, always
+            largest = [max(scope, key=lambda gpu: gpu.memory_total_mib)] if scope else []
+            checked = largest if EVERY_GPU in limits.pinned_device_mem_limit and unknown else scope
+            check_fits(limits.pinned_device_mem_limit, checked, param)  # a GPU named in a mapping: its own size, always
+            if replicas is not None and not self.oversubscribe:
+                check_shares_fit(limits.pinned_device_mem_limit, replicas, checked, param)
         return limits
 
     # --- read, compare, apply ---------------------------------------------------------------------

@@ -85,6 +85,23 @@ def check_fits(mib_by_uuid: t.Mapping[str, int], gpus: t.Sequence[t.Any], param:
                 gpu.memory_total_mib, _gib(gpu.memory_total_mib), gpu.memory_total_mib))
 
 
+def check_shares_fit(mib_by_uuid: t.Mapping[str, int], replicas: int, gpus: t.Sequence[t.Any], param: str) -> None:
+    """Refuse a pinned memory limit that, once per replica, adds up to more than its GPU has (``oversubscribe`` allows it).
+
+    With ``replicas`` and an explicit limit both given, every one of the replicas may pin that much: a limit above
+    ``total // replicas`` lets the clients of one GPU together pin more memory than it holds, and the last ones fail
+    to allocate. mps_limits and the role's preflight refuse it alike, naming the GPU, the sum and the largest limit that fits.
+    """
+    for gpu in gpus:
+        mib = mib_by_uuid.get(gpu.uuid, mib_by_uuid.get(EVERY_GPU))
+        if mib is not None and mib * replicas > gpu.memory_total_mib:
+            raise InvalidParameterError(param, '%d MiB for each of %d replicas is %d MiB (%s), more than %s has: %d MiB; give at most '
+                                        '%dM, or set oversubscribe=true to let the clients of one GPU together pin more than it holds' % (
+                                            mib, replicas, mib * replicas, _gib(mib * replicas),
+                                            'GPU %d (%s, %s)' % (gpu.index, gpu.uuid, gpu.name) if not gpu.is_mig else gpu.label,
+                                            gpu.memory_total_mib, gpu.memory_total_mib // replicas))
+
+
 def parse_mem_limit(mem: t.Any, gpus: t.Sequence[t.Any], scope: t.Sequence[t.Any], param: str) -> t.Dict[str, int]:
     """``pinned_device_mem_limit`` as MiB by GPU UUID (:data:`EVERY_GPU` for one size for every GPU).
 

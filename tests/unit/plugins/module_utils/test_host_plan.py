@@ -7,7 +7,7 @@ import pytest
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import MpsError
 from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import Gpu
 from ansible_collections.gpufleet.mps.plugins.module_utils._host.facts import facts_text, local_facts
-from ansible_collections.gpufleet.mps.plugins.module_utils._host.plan import plan_resources, replicas_for
+from ansible_collections.gpufleet.mps.plugins.module_utils._host.plan import check_resources, plan_resources, replicas_for
 
 
 def gpu(index, name='NVIDIA H100 80GB HBM3', mib=81559, cc=(9, 0), mig=False):
@@ -116,3 +116,13 @@ def test_local_facts_name_the_pinned_limits_of_the_resources_own_gpus_only():
     own = local_facts(plan, daemons, [g.facts() for g in GPUS], '/r')['resources'][0]
     assert own['pinned_device_mem_limit_mib'] == {GPUS[1].uuid: GPUS[1].memory_total_mib // 4}
     assert [device['uuid'] for device in own['devices']] == [GPUS[1].uuid]
+
+
+def test_a_plan_refuses_replicas_that_together_pin_more_than_the_gpu_unless_oversubscribe():
+    entry = {'name': 'infer', 'devices': [2], 'replicas': 4, 'pinned_device_mem_limit': '4G'}  # a T4: 15360 MiB
+    with pytest.raises(MpsError, match=r'^resources\[infer\]\.pinned_device_mem_limit: 4096 MiB for each of 4 replicas is 16384 MiB'):
+        plan_resources([entry], GPUS)
+    plans = plan_resources([dict(entry, oversubscribe='yes')], GPUS)
+    assert plans[0].oversubscribe and plans[0].limits['pinned_device_mem_limit'] == {'*': 4096}
+    with pytest.raises(MpsError, match=r"^resources\[infer\]\.oversubscribe: must be true or false; got 'maybe'"):
+        check_resources([dict(entry, oversubscribe='maybe')])

@@ -156,6 +156,24 @@ def test_explicit_values_override_the_computed_ones(manager):
     assert limits.replicas == 4
 
 
+def test_replicas_times_an_explicit_pinned_limit_may_not_exceed_the_gpu_unless_oversubscribed(manager):
+    t4s = [gpu(i, 'Tesla T4', 15360) for i in range(2)]
+    # 3840M x 4 = 15360M: exactly the GPU, allowed; one MiB more for each of the 4 replicas is not
+    assert manager(t4s).wanted(t4s, None, '3840M', 4).pinned_device_mem_limit == {'*': 3840}
+    with pytest.raises(InvalidParameterError, match=r'^pinned_device_mem_limit: 4096 MiB for each of 4 replicas is 16384 MiB \(16 GiB\), '
+                                                    r'more than GPU 0 \(GPU-00000000-0000-0000-0000-000000000000, Tesla T4\) has: '
+                                                    r'15360 MiB; give at most 3840M, or set oversubscribe=true'):
+        manager(t4s).wanted(t4s, None, '4G', 4)
+    # a mapping is checked GPU by GPU: GPU 1 oversubscribed, GPU 0 not
+    with pytest.raises(InvalidParameterError, match='more than GPU 1 '):
+        manager(t4s).wanted(t4s, None, {0: '1G', 1: '8G'}, 4)
+    oversubscribed = manager(t4s)
+    oversubscribed.oversubscribe = True
+    assert oversubscribed.wanted(t4s, None, '4G', 4).pinned_device_mem_limit == {'*': 4096}
+    # without replicas there is nothing to oversubscribe
+    assert manager(t4s).wanted(t4s, None, '15G', None).pinned_device_mem_limit == {'*': 15360}
+
+
 @pytest.mark.parametrize('replicas, cc, ok', [(48, (7, 0), True), (49, (7, 0), False), (16, (6, 1), True), (17, (6, 1), False),
                                               (48, (7, 5), True), (0, (9, 0), False)])
 def test_replicas_are_checked_against_the_client_limit_volta_from_7_0(manager, replicas, cc, ok):
