@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from typing import Dict, Iterator, List, Tuple
@@ -31,6 +30,9 @@ from typing import Dict, Iterator, List, Tuple
 import pytest
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..'))
+sys.path.insert(0, os.path.join(REPO, 'tests', 'fakes'))
+from private_host import PYTHON, private_host  # noqa: E402  pylint: disable=wrong-import-position
+
 GUIDE = 'docs/docsite/rst/guide_troubleshooting.rst'
 
 # Quoted texts this playbook does not make, each with why, and the test that produces it instead.
@@ -126,20 +128,12 @@ def strings(value: object) -> Iterator[str]:
 @pytest.fixture(scope='module')
 def printed() -> List[str]:
     """Everything the situations of messages.yml printed, base cut, whitespace collapsed (runs the playbook once)."""
-    test_root = os.environ.get('TEST_ROOT')
-    if not test_root:
-        pytest.fail('TEST_ROOT is not set: run this through make docs-commands, which sets it as every make target does')
-    work = os.path.join(test_root, 'messages')
-    shutil.rmtree(work, ignore_errors=True)
-    base, sim = os.path.join(work, 'm'), os.path.join(work, 'sim')
-    os.makedirs(base)
-    python = os.path.join(REPO, '.venv', 'bin', 'python')
-    subprocess.run([os.path.join(REPO, 'tests', 'fakes', 'make-simhost.sh'), sim, os.path.join(REPO, '.simhost', 'lib'), python],
-                   check=True, capture_output=True, text=True)
+    _work, base, sim = private_host('messages', 'docs-commands')
+    python = PYTHON
     sim_env = {'GPUFLEET_SIMHOST': sim, 'PATH': '%s/bin:%s:/usr/sbin:/usr/bin:/sbin:/bin' % (sim, os.path.dirname(python)),
                'LD_LIBRARY_PATH': os.path.join(sim, 'lib'), 'FAKE_NVML_CONFIG': os.path.join(sim, 'nvml.ini')}
     env = {k: v for k, v in os.environ.items() if not k.startswith(('CUDA_MPS_', 'FAKE_', 'NVML_'))}
-    env.update(ANSIBLE_COLLECTIONS_PATH=test_root, ANSIBLE_NOCOLOR='1', ANSIBLE_FORCE_COLOR='0')
+    env.update(ANSIBLE_COLLECTIONS_PATH=os.environ['TEST_ROOT'], ANSIBLE_NOCOLOR='1', ANSIBLE_FORCE_COLOR='0')
     proc = subprocess.run([os.path.join(REPO, '.venv', 'bin', 'ansible-playbook'), os.path.join(REPO, 'tests', 'docs', 'messages.yml'),
                            '-e', 'python=' + python, '-e', 'base=' + base, '-e', json.dumps({'sim_env': sim_env})],
                           capture_output=True, text=True, env=env, timeout=600, check=False)

@@ -19,16 +19,18 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
+import sys
 from typing import Dict, Iterator, List, Tuple
 
 import pytest
 import yaml
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..'))
+sys.path.insert(0, os.path.join(REPO, 'tests', 'fakes'))
+from private_host import PYTHON, private_host  # noqa: E402  pylint: disable=wrong-import-position
+
 GUIDE = 'docs/docsite/rst/guide_recipes.rst'
-PYTHON = os.path.join(REPO, '.venv', 'bin', 'python')
 RECAP = re.compile(r'^gpu01\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)', re.M)
 
 
@@ -68,15 +70,8 @@ def test_every_recipe_is_in_the_order() -> None:
 
 @pytest.fixture(scope='module')
 def host() -> Iterator[Dict[str, str]]:
-    test_root = os.environ.get('TEST_ROOT')
-    if not test_root:
-        pytest.fail('TEST_ROOT is not set: run this through make docs-commands, which sets it as every make target does')
-    work = os.path.join(test_root, 'recipes')
-    shutil.rmtree(work, ignore_errors=True)
-    base, sim = os.path.join(work, 'host'), os.path.join(work, 'sim')
+    work, base, sim = private_host('recipes', 'docs-commands', 'a100x8.ini')
     os.makedirs(os.path.join(base, 'etc', 'profile.d'))  # as on any host
-    subprocess.run([os.path.join(REPO, 'tests', 'fakes', 'make-simhost.sh'), sim, os.path.join(REPO, '.simhost', 'lib'), PYTHON,
-                    os.path.join(REPO, 'tests', 'fakes', 'nvml', 'configs', 'a100x8.ini')], check=True, capture_output=True, text=True)
     inventory = {'all': {'children': {'gpu_nodes': {'hosts': {'gpu01': {
         'ansible_connection': 'local', 'ansible_python_interpreter': PYTHON,
         # the recipes' plays say become: true; this test already runs as root, and this machine has no sudo

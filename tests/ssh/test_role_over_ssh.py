@@ -16,7 +16,6 @@ import getpass
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from typing import Dict, Iterator, List
@@ -25,9 +24,9 @@ import pytest
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..'))
 sys.path.insert(0, os.path.join(REPO, 'bench'))
+sys.path.insert(0, os.path.join(REPO, 'tests', 'fakes'))
 from fleetbench import SshServer  # noqa: E402  pylint: disable=wrong-import-position
-
-PYTHON = os.path.join(REPO, '.venv', 'bin', 'python')
+from private_host import PYTHON, private_host  # noqa: E402  pylint: disable=wrong-import-position
 RECAP = re.compile(r'^sshhost\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)\s+skipped=(\d+)\s+rescued=(\d+)', re.M)
 
 PLAYBOOK = '''---
@@ -57,15 +56,7 @@ PLAYBOOK = '''---
 @pytest.fixture(scope='module')
 def fleet() -> Iterator[Dict[str, str]]:
     """An sshd and a simulated host of this test's own, an inventory reaching it through that sshd; all ended after."""
-    test_root = os.environ.get('TEST_ROOT')
-    if not test_root:
-        pytest.fail('TEST_ROOT is not set: run this through make ssh, which sets it as every make target does')
-    work = os.path.join(test_root, 'ssh-role')
-    shutil.rmtree(work, ignore_errors=True)
-    base, sim = os.path.join(work, 'host'), os.path.join(work, 'sim')
-    os.makedirs(base)
-    subprocess.run([os.path.join(REPO, 'tests', 'fakes', 'make-simhost.sh'), sim, os.path.join(REPO, '.simhost', 'lib'), PYTHON],
-                   check=True, capture_output=True, text=True)
+    work, base, sim = private_host('ssh-role', 'ssh')
     ssh = SshServer(work)
     ssh.start()
     try:
