@@ -129,13 +129,12 @@ def strings(value: object) -> Iterator[str]:
 def printed() -> List[str]:
     """Everything the situations of messages.yml printed, base cut, whitespace collapsed (runs the playbook once)."""
     _work, base, sim = private_host('messages', 'docs-commands')
-    python = PYTHON
-    sim_env = {'GPUFLEET_SIMHOST': sim, 'PATH': '%s/bin:%s:/usr/sbin:/usr/bin:/sbin:/bin' % (sim, os.path.dirname(python)),
+    sim_env = {'GPUFLEET_SIMHOST': sim, 'PATH': '%s/bin:%s:/usr/sbin:/usr/bin:/sbin:/bin' % (sim, os.path.dirname(PYTHON)),
                'LD_LIBRARY_PATH': os.path.join(sim, 'lib'), 'FAKE_NVML_CONFIG': os.path.join(sim, 'nvml.ini')}
     env = {k: v for k, v in os.environ.items() if not k.startswith(('CUDA_MPS_', 'FAKE_', 'NVML_'))}
     env.update(ANSIBLE_COLLECTIONS_PATH=os.environ['TEST_ROOT'], ANSIBLE_NOCOLOR='1', ANSIBLE_FORCE_COLOR='0')
     proc = subprocess.run([os.path.join(REPO, '.venv', 'bin', 'ansible-playbook'), os.path.join(REPO, 'tests', 'docs', 'messages.yml'),
-                           '-e', 'python=' + python, '-e', 'base=' + base, '-e', json.dumps({'sim_env': sim_env})],
+                           '-e', 'python=' + PYTHON, '-e', 'base=' + base, '-e', json.dumps({'sim_env': sim_env})],
                           capture_output=True, text=True, env=env, timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     with open(os.path.join(base, 'messages.json'), encoding='utf-8') as handle:

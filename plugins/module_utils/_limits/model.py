@@ -81,7 +81,7 @@ def check_fits(mib_by_uuid: t.Mapping[str, int], gpus: t.Sequence[t.Any], param:
         mib = mib_by_uuid.get(gpu.uuid, mib_by_uuid.get(EVERY_GPU))
         if mib is not None and mib > gpu.memory_total_mib:
             raise InvalidParameterError(param, '%d MiB (%s) is more than %s has: %d MiB (%s); give at most %dM' % (
-                mib, _gib(mib), 'GPU %d (%s, %s)' % (gpu.index, gpu.uuid, gpu.name) if not gpu.is_mig else gpu.label,
+                mib, _gib(mib), _described(gpu),
                 gpu.memory_total_mib, _gib(gpu.memory_total_mib), gpu.memory_total_mib))
 
 
@@ -98,7 +98,7 @@ def check_shares_fit(mib_by_uuid: t.Mapping[str, int], replicas: int, gpus: t.Se
             raise InvalidParameterError(param, '%d MiB for each of %d replicas is %d MiB (%s), more than %s has: %d MiB; give at most '
                                         '%dM, or set oversubscribe=true to let the clients of one GPU together pin more than it holds' % (
                                             mib, replicas, mib * replicas, _gib(mib * replicas),
-                                            'GPU %d (%s, %s)' % (gpu.index, gpu.uuid, gpu.name) if not gpu.is_mig else gpu.label,
+                                            _described(gpu),
                                             gpu.memory_total_mib, gpu.memory_total_mib // replicas))
 
 
@@ -123,6 +123,11 @@ def parse_mem_limit(mem: t.Any, gpus: t.Sequence[t.Any], scope: t.Sequence[t.Any
             raise InvalidParameterError(param, '%s is given twice' % gpu.label)
         result[gpu.uuid] = parse_size(value, '%s[%s]' % (param, key))
     return result
+
+
+def _described(gpu: t.Any) -> str:
+    """A GPU as the size refusals name it: index, UUID and model (a MIG device by its label)."""
+    return gpu.label if gpu.is_mig else 'GPU %d (%s, %s)' % (gpu.index, gpu.uuid, gpu.name)
 
 
 def _gib(mib: int) -> str:
