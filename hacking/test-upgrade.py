@@ -136,9 +136,11 @@ def main() -> None:
         facts = open(os.path.join(base, 'facts.d', 'gpufleet_mps.fact'), encoding='utf-8').read()
         taken = host.run(new)
         # The one change a takeover may make: since issue 28 the local facts name the pinned limits of a resource's own
-        # GPUs only (a replica count's record holds every GPU of the host, which the previous facts listed).
+        # GPUs only (a replica count's record holds every GPU of the host, which the previous facts listed), and since
+        # issue 29 each resource's client_priority (null: not managed).
         own = json.loads(facts)
         for resource in own['resources']:
+            resource.setdefault('client_priority', None)
             uuids = {device['uuid'] for device in resource['devices']}
             resource['pinned_device_mem_limit_mib'] = {key: value for key, value in resource['pinned_device_mem_limit_mib'].items()
                                                        if key in uuids or key == '*'}
@@ -147,7 +149,7 @@ def main() -> None:
         check(host.pids() == before, 'no daemon restarted', (before, host.pids()))
         check(client.poll() is None, 'the connected client still runs')
         with open(os.path.join(base, 'facts.d', 'gpufleet_mps.fact'), encoding='utf-8') as handle:
-            check(json.load(handle) == own, 'the local facts kept, but for the pinned limits of other GPUs')
+            check(json.load(handle) == own, 'the local facts kept, but for the pinned limits of other GPUs and the client priority')
         again = host.run(new)
         check(not again['changed'] and again['changes'] == [] and again['ready'], 'a second run changes nothing', again.get('actions'))
         check(not host.run(new, _ansible_check_mode=True)['changed'], 'check mode agrees')

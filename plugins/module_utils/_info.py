@@ -17,6 +17,7 @@ import typing as t
 from dataclasses import dataclass
 
 from ._protocol.framing import ControlClient
+from ._protocol.commands import PRIORITY_NAMES
 from ._protocol.state import state_commands
 from ._supervisor.liveness import DaemonState, inspect, read_pid_file
 from ._errors import DaemonTimeoutError, InvalidParameterError, MpsError, NvmlError
@@ -293,10 +294,11 @@ class Collector:
             return
         mem = dict(zip(uuids, readout.default_mem))
         facts['healthy'] = True
-        facts['limits']['reported'] = {'active_thread_percentage': readout.default_percentage, 'pinned_device_mem_limit': mem}
+        facts['limits']['reported'] = {'active_thread_percentage': readout.default_percentage, 'pinned_device_mem_limit': mem,
+                                       'client_priority': PRIORITY_NAMES.get(readout.default_priority)}
         if 'servers' in facts:
             facts['servers'] = readout.servers
-        differences = limit_differences(persisted, readout.default_percentage, mem, uuids)
+        differences = limit_differences(persisted, readout.default_percentage, mem, uuids, readout.default_priority)
         facts['limits']['differences'] = differences
         if differences:
             self.warnings.append('the limits of the MPS control daemon of %s differ from the persisted ones: %s' % (

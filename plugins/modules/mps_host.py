@@ -110,6 +110,13 @@ options:
         type: bool
         default: false
         version_added: 0.2.0
+      client_priority:
+        description:
+          - The default client priority of the resource's servers, V(normal) or V(below_normal) (V(0) or V(1)); see
+            M(gpufleet.mps.mps_limits)'s O(gpufleet.mps.mps_limits#module:client_priority). Not given - normal.
+          - Refused before anything changes where the control binary has no client priority.
+        type: str
+        version_added: 0.2.0
   prune:
     description: Remove the resources under O(root) (or with files in O(config_dir)) that O(resources) does not list.
     type: bool
@@ -422,6 +429,7 @@ def argument_spec():
             name=dict(type='str', required=True),
             replicas=dict(type='raw'),
             oversubscribe=dict(type='bool', default=False),
+            client_priority=dict(type='str'),
         )),
         prune=dict(type='bool', default=True),
         orphans=dict(type='str', choices=['refuse', 'stop'], default='refuse'),

@@ -416,14 +416,18 @@ daemons:
             - What the daemon reports - its default active thread percentage and, per device UUID, its default pinned
               memory limit as printed (lossy - C(3840M) reads back as C(3G); null when unset). Null when the daemon was
               not asked or did not answer.
+            - C(client_priority) - its default client priority, V(normal) or V(below_normal); null where the control binary
+              has no client priority (asked in the same control batch).
           type: dict
-          sample: {active_thread_percentage: 25.0, pinned_device_mem_limit: {GPU-6a2b5c1e-0000-4000-8000-000000000000: 3G}}
+          sample: {active_thread_percentage: 25.0, pinned_device_mem_limit: {GPU-6a2b5c1e-0000-4000-8000-000000000000: 3G},
+                   client_priority: normal}
         persisted:
           description:
             - The limits persisted for the resource in O(config_dir) (pinned memory in MiB per GPU UUID, or C(*) for
-              every GPU); null when none are.
+              every GPU; C(client_priority) V(normal), V(below_normal) or null when not managed); null when none are.
           type: dict
-          sample: {active_thread_percentage: 25.0, pinned_device_mem_limit_mib: {GPU-6a2b5c1e-0000-4000-8000-000000000000: 3840}, replicas: null}
+          sample: {active_thread_percentage: 25.0, pinned_device_mem_limit_mib: {GPU-6a2b5c1e-0000-4000-8000-000000000000: 3840}, replicas: null,
+                   client_priority: null}
         differences:
           description:
             - Where the reported limits disagree with the persisted ones, allowing for the lossy read-back. Empty when

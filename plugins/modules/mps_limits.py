@@ -86,6 +86,18 @@ options:
     type: bool
     default: false
     version_added: 0.2.0
+  client_priority:
+    description:
+      - The default priority of the clients of the daemon's servers - V(normal) (MPS's own default) or V(below_normal)
+        (V(0) and V(1) too, as C(CUDA_MPS_CLIENT_PRIORITY) takes them). A client may still lower its own priority with
+        C(CUDA_MPS_CLIENT_PRIORITY=1).
+      - Set with C(set_default_client_priority), persisted and replayed after every start like the other defaults. MPS has
+        no command for a running server's priority - servers started before a change keep theirs (a warning says so).
+      - Refused, before anything changes, where the control binary has no client priority (its running daemon does not
+        answer C(get_default_client_priority), or the binary's help text does not list C(set_default_client_priority)).
+        r580 has it.
+    type: str
+    version_added: 0.2.0
   running_servers:
     description:
       - Servers already running keep the limits they started with; new defaults only reach servers started later.
@@ -238,6 +250,7 @@ def argument_spec():
         name=dict(type='str', required=True),
         replicas=dict(type='int'),
         oversubscribe=dict(type='bool', default=False),
+        client_priority=dict(type='str'),
         persist=dict(type='bool', default=True),
         create=dict(type='bool', default=False),
         timeout=dict(type='int', default=30),
@@ -256,6 +269,7 @@ def run(module):
     with Nvml() as nvml:
         manager = LimitsManager(paths, config, daemon, nvml.gpus(), module.check_mode)
         manager.oversubscribe = params['oversubscribe']
+        manager.client_priority = params['client_priority']
         outcome = manager.ensure(params['active_thread_percentage'], params['pinned_device_mem_limit'], params['replicas'],
                                  params['running_servers'], params['persist'], params['create'])
         if nvml.enumeration_var_was_set:

@@ -40,6 +40,7 @@ def local_facts(plan: t.Sequence[t.Mapping[str, t.Any]], daemons: t.Sequence[t.A
             'multiuser': bool(entry.get('multiuser')),
             'replicas': entry.get('replicas'),
             'active_thread_percentage': persisted.get('active_thread_percentage'),
+            'client_priority': persisted.get('client_priority'),
             'pinned_device_mem_limit_mib': own_limits(persisted.get('pinned_device_mem_limit_mib') or {}, entry['devices']),
             'healthy': bool(daemon.get('healthy')),
             'env': daemon.get('env') or {},

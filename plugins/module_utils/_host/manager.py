@@ -320,6 +320,8 @@ class HostManager:
                                 self.check_mode, seen=None if assume_stopped else res.seen, files=self.seen)
         manager.exact = True
         manager.oversubscribe = plan.oversubscribe
+        manager.client_priority = plan.client_priority
+        manager.prober = res.setup.daemon
         manager.planned = list(plan.devices)
         manager.assume_stopped = assume_stopped
         manager.start_follows = True

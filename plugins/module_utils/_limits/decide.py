@@ -14,7 +14,7 @@ from __future__ import annotations
 import typing as t
 from dataclasses import dataclass, field
 
-from .._protocol.commands import set_default_mem, set_default_percentage, set_server_mem, set_server_percentage
+from .._protocol.commands import PRIORITY_NAMES, set_default_mem, set_default_percentage, set_default_priority, set_server_mem, set_server_percentage
 from .._protocol.readback import parse_readback, readback_readable
 from .model import Limits, format_percentage, percentage_matches, readback_matches
 
@@ -41,6 +41,9 @@ class LimitsSeen:
     percentage: t.Optional[float] = None
     mem: t.Mapping[int, t.Optional[str]] = field(default_factory=dict)
     servers: t.Sequence[ServerLimits] = ()
+    # get_default_client_priority: 0, 1, or None (the binary has no client priority: priority_text is its answer)
+    priority: t.Optional[int] = None
+    priority_text: str = ''
 
 
 @dataclass
@@ -67,13 +70,22 @@ def decide_limits(wanted: Limits, uuids: t.Sequence[str], seen: LimitsSeen, exac
     out.after = {'active_thread_percentage': wanted.active_thread_percentage,
                  'pinned_device_mem_limit': {str(o): _mib_text(wanted.mem_for(uuid)) for o, uuid in enumerate(uuids)}}
     persisted = seen.persisted
+    priority_managed = (wanted.client_priority is not None or (persisted is not None and persisted.client_priority is not None)
+                        or (exact and seen.running and seen.priority == 1))
+    if priority_managed:
+        out.after['client_priority'] = _priority_name(wanted.client_priority if wanted.client_priority is not None
+                                                      else 0 if exact else None)
     if not seen.running:
         out.before = {'active_thread_percentage': persisted.active_thread_percentage if persisted else None,
                       'pinned_device_mem_limit': {str(o): _mib_text(persisted.mem_for(uuid)) if persisted else None
                                                   for o, uuid in enumerate(uuids)}}
+        if priority_managed:
+            out.before['client_priority'] = _priority_name(persisted.client_priority if persisted else None)
         return out
     out.before = {'active_thread_percentage': seen.percentage,
                   'pinned_device_mem_limit': {str(o): seen.mem.get(o) or None for o in range(len(uuids))}}  # '': unset
+    if priority_managed:
+        out.before['client_priority'] = _priority_name(seen.priority)
     # Compared as the daemon reports them: 10240M set reads back 10G, and is no change.
     target = 100.0 if wanted.active_thread_percentage is None and exact else wanted.active_thread_percentage
     if seen.percentage is not None and target is not None and percentage_matches(seen.percentage, target):
@@ -83,9 +95,35 @@ def decide_limits(wanted: Limits, uuids: t.Sequence[str], seen: LimitsSeen, exac
         if mib is not None and readback_matches(parse_readback(seen.mem.get(ordinal) or ''), mib):
             out.after['pinned_device_mem_limit'][str(ordinal)] = seen.mem[ordinal]
     out.commands = _default_commands(wanted, uuids, seen, exact, name, out)
+    priority = _priority_command(wanted, seen, exact)
+    if priority:
+        out.commands.append(priority)
+        if seen.servers:
+            # MPS has no command for a running server's priority: it keeps the one it started with
+            out.warnings.append('%d running MPS server(s) of %s keep the client priority they started with; the new default '
+                                '(%s) applies to servers started from now on' % (
+                                    len(seen.servers), name, _priority_name(wanted.client_priority or 0)))
     updates, out.pending = _server_commands(wanted, uuids, seen.servers, running_servers)
     out.commands += updates
     return out
+
+
+def _priority_command(wanted: Limits, seen: LimitsSeen, exact: bool) -> t.Optional[str]:
+    """``set_default_client_priority`` when the daemon's default differs from the one wanted (exact: normal unless given)."""
+    target = wanted.client_priority
+    persisted = seen.persisted.client_priority if seen.persisted else None
+    if target is None:
+        # not given: exact mode takes the daemon back to normal (as a percentage not given is 100); else not managed
+        if not exact or seen.priority in (None, 0):
+            return None
+        target = 0
+    if seen.priority == target and (persisted is None or persisted == target):
+        return None
+    return set_default_priority(target)
+
+
+def _priority_name(value: t.Optional[int]) -> t.Optional[str]:
+    return None if value is None else PRIORITY_NAMES.get(value, str(value))
 
 
 def _default_commands(wanted: Limits, uuids: t.Sequence[str], seen: LimitsSeen, exact: bool, name: str,

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from .._options import RUNNING_SERVERS_CHOICES
 from .._errors import DeviceSelectionError, InvalidParameterError, MpsError
 from .._outcome import Outcome
-from .._protocol.commands import check_applied
+from .._protocol.commands import GET_DEFAULT_PRIORITY, PRIORITY_NAMES, SET_DEFAULT_PRIORITY, check_applied
 from .._protocol.state import read_state
 from .._resource.lock import resource_lock
 from .._supervisor.liveness import DaemonState, inspect
@@ -33,6 +33,7 @@ from .model import (
     Limits,
     parse_mem_limit,
     parse_percentage as parse_wanted_percentage,
+    parse_priority,
 )
 from .decide import LimitsSeen, ServerLimits, decide_limits
 from .store import persist, read_persisted, write_replay
@@ -98,6 +99,11 @@ class LimitsManager:
         self.start_follows = False
         # Whether replicas times an explicit pinned limit may exceed a GPU's memory (mps_limits oversubscribe).
         self.oversubscribe = False
+        # The default client priority wanted (mps_limits client_priority, a resources entry's): as given, None: not given.
+        self.client_priority: t.Any = None
+        # Whose binary's help says whether it has client priority, where no running daemon answered (mps_host gives the
+        # resource's daemon even when it is not running yet); None: self.daemon.
+        self.prober: t.Optional[Daemon] = None
 
     # --- what the daemon has ----------------------------------------------------------------------
     def scope(self, create: bool) -> t.Tuple[t.List[Gpu], bool, t.Optional[int]]:
@@ -167,6 +173,8 @@ class LimitsManager:
             limits.pinned_device_mem_limit = {gpu.uuid: gpu.memory_total_mib // replicas for gpu in self._usable()}
         if percentage is not None:
             limits.active_thread_percentage = parse_wanted_percentage(percentage)
+        if self.client_priority is not None:
+            limits.client_priority = parse_priority(self.client_priority)
         if mem is not None:
             param = 'pinned_device_mem_limit'
             limits.pinned_device_mem_limit = parse_mem_limit(mem, self.gpus, scope, param)
@@ -178,7 +186,8 @@ class LimitsManager:
         return limits
 
     # --- read, compare, apply ---------------------------------------------------------------------
-    def read(self, scope: t.Sequence[Gpu], pid: t.Optional[int]) -> t.Tuple[t.Optional[float], t.Dict[int, t.Optional[str]], t.List[ServerLimits]]:
+    def read(self, scope: t.Sequence[Gpu], pid: t.Optional[int]) -> t.Tuple[t.Optional[float], t.Dict[int, t.Optional[str]],
+                                                                         t.List[ServerLimits], t.Any]:
         """Defaults and every server's limits, in one UI process (a host plan's: read when it observed the host)."""
         observed = self.host_seen.readouts if self.host_seen is not None else {}
         readout = observed.get(self.paths.name)
@@ -199,12 +208,31 @@ class LimitsManager:
         if running and pid and self.daemon is not None and self.host_seen is not None:
             self.host_seen.read_daemon(self.paths.name, self.daemon.query, len(scope), pid)
             self.daemon.answered = True
+        elif self.client_priority is not None and self.host_seen is not None:
+            self._offers(SET_DEFAULT_PRIORITY, observing=True)
+
+    def _offers(self, command_word: str, observing: bool = False) -> t.Tuple[t.Optional[bool], str]:
+        """(whether the control binary's help lists ``command_word``, the binary); (None, '') without one to ask.
+
+        Observed once per run and binary (a host plan asks in its observe stage; read later, it is named in unobserved).
+        """
+        prober = self.prober or self.daemon
+        if prober is None:
+            return None, ''
+        key = (prober.binary, command_word)
+        if self.host_seen is None:
+            return prober.offers(command_word), prober.binary
+        if key not in self.host_seen.offered:
+            if not observing:  # a host plan's decide stage: its observe stage should have asked
+                self.host_seen.unobserved.append('the help text of %s' % prober.binary)
+            self.host_seen.offered[key] = prober.offers(command_word)
+        return self.host_seen.offered[key], prober.binary
 
     @staticmethod
-    def _as_read(readout: t.Any) -> t.Tuple[t.Optional[float], t.Dict[int, t.Optional[str]], t.List[ServerLimits]]:
+    def _as_read(readout: t.Any) -> t.Tuple[t.Optional[float], t.Dict[int, t.Optional[str]], t.List[ServerLimits], t.Any]:
         servers = [ServerLimits(server.pid, server.active_thread_percentage, dict(enumerate(server.pinned_device_mem_limit)))
                    for server in readout.servers]
-        return readout.default_percentage, dict(enumerate(readout.default_mem)), servers
+        return readout.default_percentage, dict(enumerate(readout.default_mem)), servers, readout
 
     def plan(self, percentage: t.Any, mem: t.Any, replicas: t.Any, running_servers: str) -> LimitsOutcome:
         """Every change to the limits (persisted, sent to the running daemon), unapplied: mps_host executes a host's plan."""
@@ -214,9 +242,9 @@ class LimitsManager:
     def _check(self, percentage: t.Any, mem: t.Any, replicas: t.Any, running_servers: str) -> None:
         if running_servers not in RUNNING_SERVERS_CHOICES:
             raise InvalidParameterError('running_servers', 'must be one of %s' % ', '.join(RUNNING_SERVERS_CHOICES))
-        if percentage is None and mem is None and replicas is None and not self.exact:
+        if percentage is None and mem is None and replicas is None and self.client_priority is None and not self.exact:
             raise InvalidParameterError('active_thread_percentage', 'give at least one of active_thread_percentage, '
-                                        'pinned_device_mem_limit or replicas')
+                                        'pinned_device_mem_limit, replicas or client_priority')
         refuse_unsafe_dirs(managed_dirs(self.paths, self.config.config_dir))
 
     def ensure(self, percentage: t.Any, mem: t.Any, replicas: t.Any, running_servers: str, persist_limits: bool,
@@ -245,10 +273,11 @@ class LimitsManager:
         out.limits = self._describe(wanted, scope)
         # Observed (one UI process for a running daemon), then decided by a pure function of it.
         if running:
-            pct, mem_read, servers = self.read(scope, pid)
-            seen = LimitsSeen(persisted, True, pct, mem_read, tuple(servers))
+            pct, mem_read, servers, readout = self.read(scope, pid)
+            seen = LimitsSeen(persisted, True, pct, mem_read, tuple(servers), readout.default_priority, readout.priority_text)
         else:
             seen = LimitsSeen(persisted)
+        self._check_priority_offered(wanted, seen)
         decision = decide_limits(wanted, [gpu.uuid for gpu in scope], seen, self.exact, running_servers, self.paths.name)
         out.before, out.after = decision.before, decision.after
         out.warnings += decision.warnings
@@ -287,6 +316,30 @@ class LimitsManager:
                 out.msg += '; %d running server(s) keep other limits until they restart (pending)' % len(out.pending)
         out.ui_processes = self.daemon.client.processes if self.daemon else 0
         return out
+
+    def _check_priority_offered(self, wanted: Limits, seen: LimitsSeen) -> None:
+        """A client priority is refused, before anything changes, where the control binary has none.
+
+        A running daemon has already said (its answer to get_default_client_priority, in the one read); for a daemon not
+        running the binary's help text is read, once, only when a priority is wanted.
+        """
+        if wanted.client_priority is None:
+            return
+        if seen.running:
+            if seen.priority is not None:
+                return
+            why = 'its MPS control daemon answered %r to %s' % (seen.priority_text or '(nothing)', GET_DEFAULT_PRIORITY)
+        else:
+            readout = self.host_seen.readouts.get(self.paths.name) if self.host_seen is not None else None
+            if readout is not None and readout[1].default_priority is not None:
+                return  # the daemon this plan restarts answered a priority when it was observed
+            offered, binary = self._offers(SET_DEFAULT_PRIORITY)
+            if offered is not False:
+                return  # offered, or the help is unreadable: the start's replay checks the daemon's answer
+            why = 'the help text of %s lists no %s' % (binary, SET_DEFAULT_PRIORITY)
+        raise InvalidParameterError('client_priority', 'the control binary of %s has no client priority (%s); it needs a driver '
+                                    'whose nvidia-cuda-mps-control offers set_default_client_priority (r580 does), or leave '
+                                    'client_priority unset' % (self.paths.name, why))
 
     def _observed(self, path: str) -> t.Optional[t.Tuple[t.Optional[str], t.Optional[int]]]:
         """The file as the host plan observed it (None: read it when asked)."""
@@ -339,5 +392,6 @@ class LimitsManager:
                 by_ordinal[str(ordinal)] = '%dM' % mib
                 by_uuid[gpu.uuid] = '%dM' % mib
         return {'active_thread_percentage': wanted.active_thread_percentage, 'replicas': wanted.replicas,
+                'client_priority': PRIORITY_NAMES.get(wanted.client_priority) if wanted.client_priority is not None else None,
                 'pinned_device_mem_limit': {'by_ordinal': by_ordinal, 'by_uuid': by_uuid},
                 'devices': [dict(gpu.summary(), ordinal=ordinal) for ordinal, gpu in enumerate(scope)]}

@@ -15,7 +15,7 @@ import typing as t
 from dataclasses import dataclass, field
 
 from .._errors import InvalidParameterError
-from .._protocol.commands import set_default_mem, set_default_percentage
+from .._protocol.commands import PRIORITIES, set_default_mem, set_default_percentage, set_default_priority
 # The read-back parsers are the protocol's; callers still import them from here too.
 from .._protocol.readback import parse_readback, readback_readable  # noqa: F401  pylint: disable=unused-import
 from .._selectors import resolve_devices
@@ -147,6 +147,19 @@ def parse_percentage(value: t.Any, param: str = 'active_thread_percentage') -> f
     return round(number, 1) if round(number, 1) == number else number
 
 
+def parse_priority(value: t.Any, param: str = 'client_priority') -> int:
+    """A default client priority: V(normal) or V(below_normal) (0 or 1, as C(CUDA_MPS_CLIENT_PRIORITY) takes it)."""
+    if isinstance(value, bool):
+        raise InvalidParameterError(param, 'must be normal or below_normal (or 0 or 1), got %r' % (value,))
+    if isinstance(value, int) and value in (0, 1):
+        return value
+    if isinstance(value, str) and value.strip().lower() in PRIORITIES:
+        return PRIORITIES[value.strip().lower()]
+    if isinstance(value, str) and value.strip() in ('0', '1'):
+        return int(value.strip())
+    raise InvalidParameterError(param, 'must be normal or below_normal (or 0 or 1, as CUDA_MPS_CLIENT_PRIORITY takes it), got %r' % (value,))
+
+
 def format_percentage(value: float) -> str:
     return ('%.1f' % value) if round(value, 1) == value else repr(value)
 
@@ -168,6 +181,8 @@ class Limits:
     # GPU UUID (or EVERY_GPU) -> MiB
     pinned_device_mem_limit: t.Dict[str, int] = field(default_factory=dict)
     replicas: t.Optional[int] = None
+    # The default client priority of the daemon's new servers: 0 normal, 1 below normal (None: not managed).
+    client_priority: t.Optional[int] = None
 
     def to_json(self) -> str:
         data = {
@@ -176,6 +191,9 @@ class Limits:
             'pinned_device_mem_limit_mib': dict(sorted(self.pinned_device_mem_limit.items())),
             'replicas': self.replicas,
         }
+        if self.client_priority is not None:
+            # only when managed: a record written before client priority existed reads back the same text
+            data['client_priority'] = self.client_priority
         return json.dumps(data, indent=2, sort_keys=True) + '\n'
 
     @classmethod
@@ -189,6 +207,7 @@ class Limits:
                 active_thread_percentage=None if pct is None else float(pct),
                 pinned_device_mem_limit={str(key): int(value) for key, value in mem.items()},
                 replicas=data.get('replicas'),
+                client_priority=None if data.get('client_priority') not in (0, 1) else data['client_priority'],
             )
         except (TypeError, ValueError, AttributeError):
             return None
@@ -196,7 +215,7 @@ class Limits:
     @property
     def empty(self) -> bool:
         """No limit at all: the MPS defaults (100 %, no pinned memory limit)."""
-        return self.active_thread_percentage is None and not self.pinned_device_mem_limit
+        return self.active_thread_percentage is None and not self.pinned_device_mem_limit and self.client_priority is None
 
     def add_replica_shares(self, devices: t.Sequence[t.Any], known: t.Sequence[t.Any]) -> t.List[t.Any]:
         """Give each of ``devices`` without a pinned memory limit its share of ``replicas``; the devices given one.
@@ -231,6 +250,8 @@ class Limits:
                 cmds.append(set_default_mem(ordinal, mib))
         if self.active_thread_percentage is not None:
             cmds.append(set_default_percentage(format_percentage(self.active_thread_percentage)))
+        if self.client_priority is not None:
+            cmds.append(set_default_priority(self.client_priority))
         return cmds
 
 

@@ -23,7 +23,7 @@ import typing as t
 
 from .._errors import MpsError
 from .._io import atomic_write, parse_json, read_text, remove
-from .._protocol.commands import REPLAYABLE, command
+from .._protocol.commands import PRIORITY_NAMES, REPLAYABLE, command
 from .._resource.layout import ConfigPaths
 from .._resource.store import start_environment
 from .model import Limits
@@ -45,6 +45,7 @@ def persisted_facts(limits: t.Optional[Limits]) -> t.Optional[t.Dict[str, t.Any]
         'active_thread_percentage': limits.active_thread_percentage,
         'pinned_device_mem_limit_mib': dict(sorted(limits.pinned_device_mem_limit.items())),
         'replicas': limits.replicas,
+        'client_priority': PRIORITY_NAMES.get(limits.client_priority) if limits.client_priority is not None else None,
     }
 
 

@@ -8,6 +8,7 @@ import typing as t
 from dataclasses import dataclass, field
 
 from .._limits.model import Limits, percentage_matches, readback_matches
+from .._protocol.commands import PRIORITY_NAMES
 from .._protocol.framing import Reply
 from .._protocol.readback import parse_readback
 from .._protocol.state import parse_state
@@ -21,6 +22,8 @@ class Readout:
     default_percentage: float
     default_mem: t.List[t.Optional[str]]
     servers: t.List[t.Dict[str, t.Any]] = field(default_factory=list)
+    # 0 normal, 1 below normal; None where the binary has no client priority
+    default_priority: t.Optional[int] = None
 
 
 def parse_daemon_replies(replies: t.Sequence[Reply], ordinals: int, candidates: t.Sequence[int],
@@ -37,12 +40,12 @@ def parse_daemon_replies(replies: t.Sequence[Reply], ordinals: int, candidates: 
             'pinned_device_mem_limit': dict(zip(uuids, server.pinned_device_mem_limit)),
         },
     } for server in state.servers]
-    return Readout(state.default_percentage, state.default_mem, servers)
+    return Readout(state.default_percentage, state.default_mem, servers, state.default_priority)
 
 
 # --- limits -------------------------------------------------------------------------------------
 def limit_differences(persisted: t.Optional[Limits], percentage: t.Optional[float],
-                      mem: t.Mapping[str, t.Optional[str]], uuids: t.Sequence[str]) -> t.List[str]:
+                      mem: t.Mapping[str, t.Optional[str]], uuids: t.Sequence[str], priority: t.Optional[int] = None) -> t.List[str]:
     """Where the daemon's defaults disagree with the persisted limits, read-back loss allowed for.
 
     Only what is persisted is compared: an unmanaged (None) limit never differs.
@@ -53,6 +56,9 @@ def limit_differences(persisted: t.Optional[Limits], percentage: t.Optional[floa
     wanted_pct = persisted.active_thread_percentage
     if wanted_pct is not None and not percentage_matches(percentage, wanted_pct):
         found.append('active thread percentage %s persisted, %s reported' % (wanted_pct, percentage))
+    if persisted.client_priority is not None and priority != persisted.client_priority:
+        found.append('client priority %s persisted, %s reported' % (
+            PRIORITY_NAMES[persisted.client_priority], 'none' if priority is None else PRIORITY_NAMES.get(priority, priority)))
     for ordinal, uuid in enumerate(uuids):
         wanted_mib = persisted.mem_for(uuid)
         if wanted_mib is None:

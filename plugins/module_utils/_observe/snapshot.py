@@ -66,6 +66,9 @@ class HostSeen:
     listings: t.Dict[str, t.Optional[t.List[str]]] = field(default_factory=dict)
     # Files the plan read that observe had not: read when asked, and named here (a test holds it empty).
     unobserved: t.List[str] = field(default_factory=list)
+    # Whether a control binary's help text lists a command, by (binary, command): read in the observe stage only where a
+    # resource wants a feature that older binaries lack and no daemon of it runs (client priority).
+    offered: t.Dict[t.Tuple[str, str], t.Optional[bool]] = field(default_factory=dict)
 
     def text(self, path: str) -> t.Optional[str]:
         """The file's text as observed (None: absent or unreadable)."""

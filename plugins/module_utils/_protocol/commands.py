@@ -34,7 +34,13 @@ def command(name: str, *args: t.Union[str, int, float]) -> str:
 # The commands that set a daemon's defaults: what a start replays (the unit's ExecStartPost=, mps_daemon's first session).
 SET_DEFAULT_PERCENTAGE = 'set_default_active_thread_percentage'
 SET_DEFAULT_MEM = 'set_default_device_pinned_mem_limit'
-REPLAYABLE = (SET_DEFAULT_PERCENTAGE, SET_DEFAULT_MEM)
+SET_DEFAULT_PRIORITY = 'set_default_client_priority'
+GET_DEFAULT_PRIORITY = 'get_default_client_priority'
+REPLAYABLE = (SET_DEFAULT_PERCENTAGE, SET_DEFAULT_MEM, SET_DEFAULT_PRIORITY)
+# The default client priority as the daemon takes it (r580 help: "Sets default client priority for incoming clients";
+# CUDA_MPS_CLIENT_PRIORITY: 0 normal, 1 below normal) and as users name it.
+PRIORITIES = {'normal': 0, 'below_normal': 1}
+PRIORITY_NAMES = {value: name for name, value in PRIORITIES.items()}
 
 
 def set_default_percentage(percentage: str) -> str:
@@ -43,6 +49,19 @@ def set_default_percentage(percentage: str) -> str:
 
 def set_default_mem(ordinal: int, mib: int) -> str:
     return command(SET_DEFAULT_MEM, ordinal, '%dM' % mib)
+
+
+def set_default_priority(priority: int) -> str:
+    return command(SET_DEFAULT_PRIORITY, int(priority))
+
+
+def parse_priority(reply: Reply) -> t.Optional[int]:
+    """``get_default_client_priority``'s answer: 0 or 1 (r580 prints the number; ``NORMAL``/``BELOW_NORMAL`` read too),
+    None for anything else - the error text of a binary without client priority, or no answer."""
+    text = reply.text.strip()
+    if text in ('0', '1'):
+        return int(text)
+    return PRIORITIES.get(text.lower())
 
 
 def set_server_percentage(pid: int, percentage: str) -> str:
@@ -92,6 +111,11 @@ def check_applied(replies: t.Sequence[Reply]) -> None:
         if verb in PERCENT_COMMANDS:
             echoed = parse_percentage(reply)
             _check_echo(reply, echoed)
+        elif verb == SET_DEFAULT_PRIORITY:
+            # r580 prints nothing; an echo of the value sent (a number or its name) is taken too [U]
+            sent = reply.command.split()[-1]
+            if reply.lines and ' '.join(reply.lines).strip().lower() not in (sent, PRIORITY_NAMES.get(int(sent), sent)):
+                raise ControlCommandError('the MPS control daemon rejected %r: %s' % (reply.command, reply.text))
         elif verb.startswith('set_'):
             expect_silent(reply)
 

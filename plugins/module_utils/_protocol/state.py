@@ -14,7 +14,7 @@ import typing as t
 from dataclasses import dataclass, field
 
 from .._errors import MpsError
-from .commands import command, parse_percentage, parse_pids
+from .commands import GET_DEFAULT_PRIORITY, command, parse_percentage, parse_pids, parse_priority
 from .framing import SENTINEL, Reply
 from .readback import parse_readback, readback_readable
 
@@ -39,6 +39,10 @@ class DaemonReadout:
     default_percentage: float
     default_mem: t.List[t.Optional[str]]
     servers: t.List[ServerState] = field(default_factory=list)
+    # get_default_client_priority: 0 normal, 1 below normal; None when the daemon did not answer a priority (a binary
+    # without client priority answers an error text, kept in priority_text)
+    default_priority: t.Optional[int] = None
+    priority_text: str = ''
 
 
 def state_commands(ordinals: int, candidates: t.Sequence[int]) -> t.List[str]:
@@ -49,6 +53,7 @@ def state_commands(ordinals: int, candidates: t.Sequence[int]) -> t.List[str]:
     """
     cmds = [SENTINEL, command('get_server_list')]
     cmds.extend(command('get_default_device_pinned_mem_limit', ordinal) for ordinal in range(ordinals))
+    cmds.append(command(GET_DEFAULT_PRIORITY))
     for pid in candidates:
         cmds.append(command('get_server_status', pid))
         cmds.append(command('get_client_list', pid))
@@ -81,6 +86,7 @@ def parse_state(replies: t.Sequence[Reply], ordinals: int, candidates: t.Sequenc
     default_percentage = parse_percentage(next(it))
     listed = parse_pids(next(it))
     default_mem = [mem_text(next(it)) for _ordinal in range(ordinals)]
+    priority = next(it)
     asked: t.Dict[int, ServerState] = {}
     for pid in candidates:
         status = next(it)
@@ -93,7 +99,8 @@ def parse_state(replies: t.Sequence[Reply], ordinals: int, candidates: t.Sequenc
             client_pids = []
         asked[pid] = ServerState(pid, status.text if status.text in SERVER_STATES else None, client_pids, percentage, mem)
     # A server that is not a child of the daemon (another pid namespace) is listed, not detailed.
-    return DaemonReadout(default_percentage, default_mem, [asked.get(pid) or ServerState(pid) for pid in listed])
+    return DaemonReadout(default_percentage, default_mem, [asked.get(pid) or ServerState(pid) for pid in listed],
+                         parse_priority(priority), priority.text.strip())
 
 
 def read_state(query: t.Callable[[t.List[str]], t.List[Reply]], ordinals: int, candidates: t.Sequence[int]) -> DaemonReadout:

@@ -39,6 +39,8 @@ PASSTHROUGH_ENV = ('PATH', 'LD_LIBRARY_PATH')
 # How long a daemon that answered quit with a text (a refusal) is given to exit all the same.
 REJECTED_QUIT_GRACE = 2.0
 DEFAULT_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'
+# A binary's help text, read once per module run (Daemon.offers).
+_HELP_TEXTS: t.Dict[str, str] = {}
 
 
 def daemon_env(paths: ResourcePaths, uuids: t.Sequence[str], environ: t.Optional[t.Mapping[str, str]] = None) -> t.Dict[str, str]:
@@ -105,6 +107,25 @@ class Daemon:
             raise ControlBinaryError(
                 '%s answered %r to %s, not a thread percentage: is it really nvidia-cuda-mps-control? (see %s)' % (
                     self.binary, reply.text[:200], reply.command, self.see_log), control_binary=self.binary) from None
+
+    def offers(self, command_word: str) -> t.Optional[bool]:
+        """Whether the binary's help text lists ``command_word`` (None: the help could not be read).
+
+        Asked only where a resource wants a feature that older binaries lack and no running daemon has answered
+        for it: ``-h`` prints the help and exits 0 without touching any daemon (r580, gpu-evidence probe2.txt).
+        """
+        cache = _HELP_TEXTS
+        if self.binary not in cache:
+            try:
+                proc = subprocess.run([self.binary, '-h'], stdin=subprocess.DEVNULL, capture_output=True, timeout=10,
+                                      env=self.environ, check=False)
+                cache[self.binary] = proc.stdout.decode('utf-8', 'replace') + proc.stderr.decode('utf-8', 'replace')
+            except (OSError, subprocess.SubprocessError):
+                cache[self.binary] = ''
+        text = cache[self.binary]
+        if 'nvidia-cuda-mps-control' not in text and 'MPS' not in text:
+            return None
+        return any(line.split()[:1] == [command_word] for line in text.splitlines())
 
     def ping(self) -> float:
         """One UI process: the daemon answers, sanely, or this raises."""

@@ -49,6 +49,8 @@ SWITCHES: dict[str, tuple[str, tuple[str, ...]]] = {
     'FAKE_MPS_SERVER_CMD_OUTPUT': ('none', ('none', 'pid')),
     'FAKE_MPS_UNSET_MEM_LIMIT': ('empty', ('0M', '0', 'empty', 'N/A', 'No limit')),
     'FAKE_MPS_PRIORITY_OUTPUT': ('number', ('number', 'echo', 'name')),
+    # missing: a binary without client priority (its two commands unrecognized, absent from its help text)
+    'FAKE_MPS_CLIENT_PRIORITY': ('supported', ('supported', 'missing')),
     'FAKE_MPS_PS_FORMAT': ('r580', ('r580', 'spaces')),
     'FAKE_MPS_DEVICE_CLIENT_LIST_FORMAT': ('r580', ('r580', 'uuid', 'pairs')),
     'FAKE_MPS_CLIENT_LIST_SEP': ('newline', ('newline', 'space')),

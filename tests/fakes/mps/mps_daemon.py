@@ -313,6 +313,8 @@ R580_TEXTS: dict[str, str] = {
 
 
 # name -> Daemon method; the one list of the UI's commands (FAKE_MPS_FAULT_KILL_ON is checked against it)
+# What a binary without client priority (FAKE_MPS_CLIENT_PRIORITY=missing) does not know.
+PRIORITY_COMMANDS = ('set_default_client_priority', 'get_default_client_priority')
 UI_COMMANDS: dict[str, str] = {
     'get_server_list': 'cmd_get_server_list',
     'get_server_status': 'cmd_get_server_status',
@@ -391,6 +393,7 @@ class DaemonConfig:  # pylint: disable=too-many-instance-attributes
     server_cmd_output: str
     unset_mem: str
     priority_output: str
+    client_priority: str
     ps_format: str
     device_client_list_format: str
     client_list_sep: str
@@ -445,6 +448,7 @@ class DaemonConfig:  # pylint: disable=too-many-instance-attributes
             server_cmd_output=switch('FAKE_MPS_SERVER_CMD_OUTPUT', env),
             unset_mem=switch('FAKE_MPS_UNSET_MEM_LIMIT', env),
             priority_output=switch('FAKE_MPS_PRIORITY_OUTPUT', env),
+            client_priority=switch('FAKE_MPS_CLIENT_PRIORITY', env),
             ps_format=switch('FAKE_MPS_PS_FORMAT', env),
             device_client_list_format=switch('FAKE_MPS_DEVICE_CLIENT_LIST_FORMAT', env),
             client_list_sep=switch('FAKE_MPS_CLIENT_LIST_SEP', env),
@@ -560,7 +564,8 @@ class Daemon:
         self.quit_sessions = 0
         self.replied = threading.Condition()
         self.commands: dict[str, Callable[[list[str], bool], Optional[str]]] = {
-            name: getattr(self, method) for name, method in UI_COMMANDS.items()}
+            name: getattr(self, method) for name, method in UI_COMMANDS.items()
+            if cfg.client_priority == 'supported' or name not in PRIORITY_COMMANDS}
         self.privileged_commands = {
             'start_server', 'shutdown_server', 'quit', 'terminate_client', 'sim_fault_server',
             'set_default_active_thread_percentage', 'set_active_thread_percentage',

@@ -157,6 +157,15 @@ def run_ui() -> int:
     return dropped_rc if answered < len(commands) else 0
 
 
+def r580_help() -> str:
+    """r580's help text; without its client priority commands where the binary has none (FAKE_MPS_CLIENT_PRIORITY)."""
+    if switch('FAKE_MPS_CLIENT_PRIORITY') == 'supported':
+        return R580_HELP
+    lines = R580_HELP.split('\n')
+    drop = {n for n, line in enumerate(lines) if line.strip().startswith(('set_default_client_priority', 'get_default_client_priority'))}
+    return '\n'.join(line for n, line in enumerate(lines) if n not in drop and n - 1 not in drop)
+
+
 def r580_options(args: list[str]) -> tuple[Optional[int], list[str]]:
     """FAKE_MPS_USAGE=r580: (exit status when the help text was printed, else None; the options as -d/-f/... words).
 
@@ -170,7 +179,7 @@ def r580_options(args: list[str]) -> tuple[Optional[int], list[str]]:
             out = sys.stdout.buffer
             if word is None:
                 out.write(UNRECOGNIZED_OPTION)
-            out.write(R580_HELP.encode())
+            out.write(r580_help().encode())
             out.flush()
             return 0, []
         words.append(word or arg)
@@ -187,7 +196,7 @@ def main(argv: list[str]) -> int:
     except SwitchError as exc:
         print(f'nvidia-cuda-mps-control (simulator): {exc}', file=sys.stderr)
         return 2
-    usage = USAGE + '\n' if style == 'short' else R580_HELP
+    usage = USAGE + '\n' if style == 'short' else r580_help()
     if style == 'r580':
         code, args = r580_options(args)
         if code is not None:

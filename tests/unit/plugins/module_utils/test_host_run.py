@@ -448,6 +448,8 @@ def _random_request(rng, gpus):
             entry['pinned_device_mem_limit'] = rng.choice(['2G', '10G', '7000M'])
         elif kind == 'replicas':
             entry['replicas'] = rng.choice([2, 4])
+        if rng.random() < 0.3:
+            entry['client_priority'] = rng.choice(['normal', 'below_normal'])
         resources.append(entry)
     return resources
 
@@ -586,3 +588,43 @@ def test_deciding_about_busy_clients_uses_what_was_observed(host, decide_audit):
     planned = host.run([{'name': 'train', 'devices': [1]}], check=True, busy='wait', busy_timeout=1)
     assert planned.changes[0].kind == 'wait' and str(client.pid) in planned.changes[0].action
     assert decide_audit['events'] == [] and decide_audit['unobserved'] == [], decide_audit
+
+
+# --- client priority (issue 29) ------------------------------------------------------------------------------------
+def _ask(host, name, command):
+    env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=resource_paths(host.root, name).pipe_dir)
+    return subprocess.run([host.binary], input=command + '\n', capture_output=True, text=True, env=env, timeout=30,
+                          check=True).stdout.strip()
+
+
+def test_a_client_priority_is_set_replayed_reported_and_taken_back_declaratively(host, sim_clients):
+    entry = {'name': 'train', 'devices': [0], 'client_priority': 'below_normal'}
+    _check_then_apply(host, [entry])
+    assert _ask(host, 'train', 'get_default_client_priority') == '1'
+    # the start replayed it (the commands file): a client gets below-normal priority from the first server on
+    _proc, reply = sim_clients(resource_paths(host.root, 'train').pipe_dir)
+    assert reply['client_priority'] == 1
+    facts = json.loads((host.base / 'facts.d' / 'gpufleet_mps.fact').read_text())
+    assert facts['resources'][0]['client_priority'] == 'below_normal'
+    # the daemon forgot it (set by hand): the next run sets it again, under the same plan check mode showed
+    _ask(host, 'train', 'set_default_client_priority 0')
+    again = _check_then_apply(host, [entry])
+    assert [change.action for change in again.executed] == ['apply set_default_client_priority 1'], _listed(again)
+    # no longer given: back to normal (MPS's default), as a percentage not given goes back to 100
+    _check_then_apply(host, [{'name': 'train', 'devices': [0]}])
+    assert _ask(host, 'train', 'get_default_client_priority') == '0'
+    assert json.loads((host.base / 'facts.d' / 'gpufleet_mps.fact').read_text())['resources'][0]['client_priority'] is None
+
+
+@pytest.mark.parametrize('running', [True, False], ids=['daemon running', 'first start'])
+def test_a_binary_without_client_priority_is_refused_before_anything_changes(host, running):
+    (host.base / 'host' / 'mps.env').write_text('export FAKE_MPS_CLIENT_PRIORITY=missing\n')
+    if running:
+        host.run([{'name': 'train', 'devices': [0]}])
+    before = sorted(_daemon_pids(host.root))
+    with pytest.raises(InvalidParameterError) as caught:
+        host.run([{'name': 'train', 'devices': [0], 'client_priority': 'below_normal'}])
+    assert 'client_priority' in str(caught.value), caught.value
+    assert 'has no client priority' in str(caught.value)
+    assert ('answered' if running else 'help text') in str(caught.value)
+    assert sorted(_daemon_pids(host.root)) == before

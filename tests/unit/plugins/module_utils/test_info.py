@@ -76,7 +76,7 @@ def _replies(cmds, texts):
 def test_only_listed_servers_are_reported_with_status_uid_clients_and_limits():
     cmds = _state.state_commands(2, [31, 32])
     replies = _replies(cmds, [
-        '25.0', '32', '3G', '0M',                                       # defaults, server list
+        '25.0', '32', '3G', '0M', '1',                                  # defaults, server list, client priority
         'Server with PID 31 not found', 'Server with PID 31 not found',  # 31: not a server
         'Server with PID 31 not found', 'Server with PID 31 not found', 'Server with PID 31 not found PID ID SERVER',
         'ACTIVE', '41\n42', '3G', '512M', '25.0',                       # 32
@@ -84,6 +84,7 @@ def test_only_listed_servers_are_reported_with_status_uid_clients_and_limits():
     readout = _info.parse_daemon_replies(replies, 2, [31, 32], [UUID0, UUID1], {32: 1000}.get)
     assert readout.default_percentage == 25.0
     assert readout.default_mem == ['3G', None]
+    assert readout.default_priority == 1
     assert readout.servers == [{
         'pid': 32, 'status': 'ACTIVE', 'uid': 1000, 'clients': [41, 42],
         'limits': {'active_thread_percentage': 25.0, 'pinned_device_mem_limit': {UUID0: '3G', UUID1: '512M'}},
@@ -92,8 +93,10 @@ def test_only_listed_servers_are_reported_with_status_uid_clients_and_limits():
 
 def test_a_listed_server_that_is_not_a_child_is_still_listed():
     cmds = _state.state_commands(1, [])
-    readout = _info.parse_daemon_replies(_replies(cmds, ['100.0', '77', '']), 1, [], [UUID0], lambda pid: None)
+    readout = _info.parse_daemon_replies(_replies(cmds, ['100.0', '77', '', 'Unrecognized command: get_default_client_priority']),
+                                         1, [], [UUID0], lambda pid: None)
     assert readout.default_mem == [None]
+    assert readout.default_priority is None  # a binary without client priority
     assert readout.servers == [{'pid': 77, 'status': None, 'uid': None, 'clients': [],
                                 'limits': {'active_thread_percentage': None, 'pinned_device_mem_limit': {}}}]
 
@@ -255,7 +258,7 @@ def test_a_daemon_with_a_server_and_clients_costs_one_ui_process(host):
     assert daemon['healthy'] and daemon['pid'] == pid and daemon['state'] == 'running'
     assert daemon['devices'] == [{'ordinal': 0, 'uuid': gpus[0], 'index': 0}, {'ordinal': 1, 'uuid': gpus[1], 'index': 1}]
     assert daemon['limits']['reported'] == {'active_thread_percentage': 100.0,
-                                            'pinned_device_mem_limit': {gpus[0]: None, gpus[1]: None}}
+                                            'pinned_device_mem_limit': {gpus[0]: None, gpus[1]: None}, 'client_priority': 'normal'}
     (server,) = daemon['servers']
     assert server['pid'] == first['server_pid'] and server['status'] == 'ACTIVE' and server['uid'] == os.getuid()
     assert sorted(server['clients']) == sorted([first['client_pid'], second['client_pid']])
@@ -276,7 +279,8 @@ def test_a_child_that_is_not_a_server_is_ignored_whatever_its_error_text(host, m
     report = host.collect()
     (daemon,) = report.facts['daemons']
     assert daemon['healthy'], daemon['error']
-    assert daemon['limits']['reported'] == {'active_thread_percentage': 40.0, 'pinned_device_mem_limit': {gpus[0]: '3G'}}
+    assert daemon['limits']['reported'] == {'active_thread_percentage': 40.0, 'pinned_device_mem_limit': {gpus[0]: '3G'},
+                                            'client_priority': 'normal'}
     assert [s['pid'] for s in daemon['servers']] == [server]
     assert daemon['servers'][0]['limits'] == {'active_thread_percentage': 40.0, 'pinned_device_mem_limit': {gpus[0]: '3G'}}
 
@@ -354,7 +358,8 @@ def test_each_warning(host, monkeypatch):
     assert 'the limits of the MPS control daemon of a differ from the persisted ones: active thread percentage 25.0 persisted, 100.0 reported' in text
     assert 'NVML_MPS_DEVICE_ENUMERATION was set' in text
     (a, b) = report.facts['daemons']
-    assert a['limits']['persisted'] == {'active_thread_percentage': 25.0, 'pinned_device_mem_limit_mib': {}, 'replicas': None}
+    assert a['limits']['persisted'] == {'active_thread_percentage': 25.0, 'pinned_device_mem_limit_mib': {}, 'replicas': None,
+                                         'client_priority': None}
     assert a['limits']['differences'] == ['active thread percentage 25.0 persisted, 100.0 reported']
     assert b['limits']['persisted'] is None and b['limits']['differences'] == []
 
@@ -373,7 +378,7 @@ def test_a_daemon_without_a_record_is_reported_without_devices(host):
     host.start('bare', [], record=False)
     (daemon,) = host.collect().facts['daemons']
     assert daemon['healthy'] and daemon['devices'] == [] and daemon['supervisor'] is None
-    assert daemon['limits']['reported'] == {'active_thread_percentage': 100.0, 'pinned_device_mem_limit': {}}
+    assert daemon['limits']['reported'] == {'active_thread_percentage': 100.0, 'pinned_device_mem_limit': {}, 'client_priority': 'normal'}
 
 
 def test_without_the_control_binary_running_daemons_are_listed_not_asked(host):

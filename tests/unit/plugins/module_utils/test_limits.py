@@ -422,3 +422,27 @@ def test_persist_false_with_no_daemon_says_nothing_was_done(tmp_path):
     assert not out.persisted and not out.applied and not out.changed
     assert out.warnings == ['persist=false and no daemon is running: nothing was done']
     assert out.msg == "the MPS control daemon of 'big' is not running and persist=false: nothing was done"
+
+
+@pytest.mark.parametrize('value, expected', [('normal', 0), ('below_normal', 1), ('BELOW_NORMAL', 1), (0, 0), (1, 1), ('1', 1)])
+def test_client_priorities_by_name_or_number(value, expected):
+    assert _limits.parse_priority(value) == expected
+
+
+@pytest.mark.parametrize('value', ['high', 2, -1, True, 0.5, '', None])
+def test_other_client_priorities_are_refused_naming_the_forms(value):
+    with pytest.raises(InvalidParameterError, match='client_priority.*normal or below_normal'):
+        _limits.parse_priority(value)
+
+
+def test_a_record_without_client_priority_reads_and_writes_as_before():
+    """Hosts provisioned before client priority keep their record byte for byte: the key only appears when managed."""
+    before = _limits.Limits(25.0, {'*': 1024}, 4)
+    assert 'client_priority' not in before.to_json()
+    assert _limits.Limits.from_data(json.loads(before.to_json())) == before
+    with_priority = _limits.Limits(25.0, {'*': 1024}, 4, 1)
+    assert json.loads(with_priority.to_json())['client_priority'] == 1
+    assert _limits.Limits.from_data(json.loads(with_priority.to_json())) == with_priority
+    assert with_priority.commands(['GPU-a']) == ['set_default_device_pinned_mem_limit 0 1024M',
+                                                 'set_default_active_thread_percentage 25.0', 'set_default_client_priority 1']
+    assert not _limits.Limits(client_priority=0).empty

@@ -53,6 +53,22 @@ TABLE = [
      LimitsSeen(_limits(25, u0=1024), True, 25.0, {0: '1G', 1: ''},
                 (ServerLimits(7, 100.0, {0: None, 1: None}), ServerLimits(8, 25.0, {0: '1G', 1: None}))),
      True, 'update', ['set_device_pinned_mem_limit 7 0 1024M', 'set_active_thread_percentage 7 25.0'], [], False, False),
+    # client priority (issue 29): get_default_client_priority read in the same batch
+    ('a client priority is set when the daemon has another', Limits(None, {}, None, 1),
+     LimitsSeen(None, True, 100.0, {0: '', 1: ''}, (), 0), True, 'ignore',
+     ['set_default_client_priority 1'], [], False, False),
+    ('the same client priority: nothing sent', Limits(None, {}, None, 1),
+     LimitsSeen(Limits(None, {}, None, 1), True, 100.0, {0: '', 1: ''}, (), 1), True, 'ignore', [], [], False, False),
+    ('exact: a priority no longer given goes back to normal', Limits(),
+     LimitsSeen(Limits(None, {}, None, 1), True, 100.0, {0: '', 1: ''}, (), 1), True, 'ignore',
+     ['set_default_client_priority 0'], [], False, False),
+    ('not exact: a priority not given is not managed', Limits(50.0),
+     LimitsSeen(Limits(50.0, {}, None, 1), True, 50.0, {0: '', 1: ''}, (), 1), False, 'ignore', [], [], False, False),
+    ('a running server keeps its priority: a warning, nothing pending', Limits(None, {}, None, 1),
+     LimitsSeen(None, True, 100.0, {0: '', 1: ''}, (ServerLimits(7, 100.0, {0: None, 1: None}),), 0), True, 'ignore',
+     ['set_default_client_priority 1'], [], False, True),
+    ('a binary without client priority (None read) and none wanted: nothing sent', Limits(),
+     LimitsSeen(None, True, 100.0, {0: '', 1: ''}, (), None, 'Unrecognized command'), True, 'ignore', [], [], False, False),
 ]
 
 
@@ -125,3 +141,11 @@ def test_deciding_again_after_the_commands_yields_no_command(seed):
     assert again.commands == [], (seed, first.commands)
     assert [server.pid for server in again.pending] == [server.pid for server in first.pending]
     assert again.restart_reasons == [] or not exact or any(wanted.mem_for(uuid) is None for uuid in uuids)
+
+
+def test_the_priority_appears_in_before_and_after_only_where_managed():
+    seen = LimitsSeen(Limits(None, {}, None, 1), True, 100.0, {0: '', 1: ''}, (), 1)
+    decision = decide_limits(Limits(), [U0, U1], seen, True, 'ignore', 'train')
+    assert decision.before['client_priority'] == 'below_normal' and decision.after['client_priority'] == 'normal'
+    plain = decide_limits(Limits(25.0), [U0, U1], LimitsSeen(None, True, 25.0, {0: '', 1: ''}, (), 0), True, 'ignore', 'train')
+    assert 'client_priority' not in plain.before and 'client_priority' not in plain.after
