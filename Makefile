@@ -62,7 +62,7 @@ simhost-reset:
 	$(MAKE) simhost
 
 # --- tests --------------------------------------------------------------------------------------
-.PHONY: test collection sanity units integration upgrade lint changelog-lint docs-lint docs docs-commands test-fakes molecule packaging bench-quick ssh ee runner leftovers
+.PHONY: test collection engines sanity units integration upgrade lint changelog-lint docs-lint docs docs-commands test-fakes molecule packaging bench-quick ssh ee runner leftovers
 test: changelog-lint test-fakes sanity units integration upgrade lint docs-lint docs docs-commands packaging ee runner bench-quick ssh molecule
 	$(MAKE) leftovers
 	@echo 'make test: all passed'
@@ -137,6 +137,12 @@ runner: collection simhost
 # shown output compared; a block that cannot run here says why (tests/docs/test_documented_commands.py).
 docs-commands: collection simhost
 	TEST_ROOT=$(TEST_ROOT) $(VPY) -m pytest -q -p no:cacheprovider tests/docs
+
+# Real engines beside the collection (issue 28): a one-node Slurm cluster (munge, slurmctld, slurmd), a podman
+# container and a node_exporter, each with a configuration under TEST_ROOT, against simulated hosts of their own;
+# everything they start is stopped by pid, on failure too (tests/engines/README.md).
+engines: collection simhost deps
+	TEST_ROOT=$(TEST_ROOT) $(VPY) -m pytest -q -p no:cacheprovider tests/engines
 
 test-fakes: simhost
 	. $(SIMHOST)/env && $(VPY) -m pytest -q -p no:cacheprovider tests/fakes tests/gpu

@@ -7,6 +7,9 @@
 #               with systemd-nspawn (tests/nspawn/)
 #   openssh-server - bench/fleetbench.py reaches its hosts over SSH too (an sshd of its own on 127.0.0.1,
 #               started and stopped by the benchmark; the package's own service is not started here)
+#   munge, slurmctld, slurmd, slurm-client, podman, runc, prometheus-node-exporter - make engines runs a real
+#               one-node Slurm cluster, a podman container and a node_exporter against the simulated host, each
+#               with a configuration of the test's own (their packaged services are not started here)
 set -euo pipefail
 
 declare -A need=(
@@ -19,6 +22,13 @@ declare -A need=(
   [pgrep]=procps
   [logrotate]=logrotate
   [/usr/sbin/sshd]=openssh-server
+  [munged]=munge
+  [slurmctld]=slurmctld
+  [slurmd]=slurmd
+  [srun]=slurm-client
+  [podman]=podman
+  [runc]=runc
+  [prometheus-node-exporter]=prometheus-node-exporter
 )
 
 missing=()
