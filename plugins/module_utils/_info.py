@@ -246,6 +246,7 @@ class Collector:
             'supervisor': record.supervisor,
             'multiuser': record.multiuser if found else None,
             'started_at': record.started_at,
+            'driver_version': record.driver_version,
             'devices': devices,
             'leftovers': [] if state.running else list(state.leftovers),
             'limits': {'reported': None, 'persisted': persisted_facts(persisted), 'differences': []},
@@ -271,6 +272,11 @@ class Collector:
                                      paths.name, _last_pid(paths), ', '.join(state.leftovers)))
             return facts
         self._warn_compute_modes(paths, devices, by_uuid, nvml_available)
+        now = next((gpu.driver_version for gpu in by_uuid.values() if gpu.driver_version), None) if nvml_available else None
+        if record.driver_version and now and record.driver_version != now:
+            self.warnings.append('the MPS control daemon of %s was started under driver %s and NVML now reports %s: '
+                                 'gpufleet.mps.mps_daemon or mps_host restarts it (its busy policy decides about clients)' % (
+                                     paths.name, record.driver_version, now))
         if record.shm and state.pid and seen != paths.shm_dir:
             self.warnings.append('the MPS control daemon of %s (pid %d) was started with shm=true but does not see %s as its '
                                  '/dev/shm (remounted since it started?): container clients cannot reach its servers; '

@@ -307,6 +307,7 @@ daemons:
       supervisor: systemd
       multiuser: false
       started_at: '2026-12-02T13:04:59Z'
+      driver_version: 580.159.04
       devices: [{ordinal: 0, uuid: GPU-6a2b5c1e-0000-4000-8000-000000000000, index: 0}]
       leftovers: []
       limits:
@@ -389,6 +390,15 @@ daemons:
       description: When the daemon was started (UTC, ISO 8601); null without a record.
       type: str
       sample: '2026-12-02T13:04:59Z'
+    driver_version:
+      description:
+        - The NVIDIA driver version NVML reported when this collection started the daemon; null without a record, or for a
+          record written before version 0.2.0. When NVML now reports another one (a driver upgrade), a warning says so
+          and M(gpufleet.mps.mps_daemon) and M(gpufleet.mps.mps_host) plan the daemon's restart, their busy policy
+          deciding about connected clients.
+      type: str
+      sample: 580.159.04
+      version_added: 0.2.0
     devices:
       description:
         - The daemon's GPUs from its start record, in its device ordinal order, with their host index (null when the GPU

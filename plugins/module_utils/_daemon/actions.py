@@ -59,7 +59,8 @@ class DaemonActions:
         """Record what the daemon (pid) was started with; called when that is known (planning or applying)."""
         record = StartRecord(devices=[gpu.uuid for gpu in wanted.devices], multiuser=wanted.multiuser, supervisor=wanted.supervisor,
                              shm=wanted.shm, pid=pid, started_at=_now(), compute_mode=wanted.compute_mode,
-                             control_binary=self.daemon.binary)
+                             control_binary=self.daemon.binary,
+                             driver_version=getattr(wanted.devices[0], 'driver_version', None) if wanted.devices else None)
         write_record(self.paths, record)
         out.started_at = record.started_at
         out.pid = pid

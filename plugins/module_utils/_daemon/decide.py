@@ -40,6 +40,8 @@ class WantedDaemon:
     record: t.Mapping[str, t.Any]  # devices (UUIDs, in order), multiuser, supervisor, shm
     env: t.Mapping[str, str] = field(default_factory=dict)  # what the environment file would start it with
     shm_dir: str = ''
+    # The driver version NVML reports now ('' unknown): a daemon started under another one restarts.
+    driver_version: str = ''
 
     @property
     def shm(self) -> bool:
@@ -85,6 +87,9 @@ def daemon_differences(wanted: WantedDaemon, seen: DaemonSeen, started_file: str
         found.append('shm: %s -> %s' % (record.shm, wanted.shm))
     else:
         found += _shm_difference(wanted, seen)
+    if record.driver_version and wanted.driver_version and record.driver_version != wanted.driver_version:
+        found.append('driver: the daemon was started under driver %s and NVML now reports %s (its servers would run the '
+                     'old driver\'s user-space libraries against the new kernel module)' % (record.driver_version, wanted.driver_version))
     if wanted.supervisor == 'none' and record.pid not in (None, current.pid):
         found.append('pid: the record names pid %s but pid %s runs' % (record.pid, current.pid))
     if wanted.supervisor == 'systemd':

@@ -21,7 +21,7 @@ class Differences:
 
     def _wanted_daemon(self, wanted: Wanted) -> WantedDaemon:
         return WantedDaemon(wanted.record(), self._env_values(wanted) if wanted.supervisor == 'systemd' else {},
-                            self.paths.shm_dir)
+                            self.paths.shm_dir, (getattr(wanted.devices[0], 'driver_version', None) or '') if wanted.devices else '')
 
     def _seen(self, wanted: WantedDaemon, current: DaemonState, record: t.Optional[StartRecord]) -> DaemonSeen:
         """Read what the decision needs, and only that: the environment file and the unit under systemd, /dev/shm of a

@@ -35,6 +35,9 @@ class StartRecord:
     started_at: t.Optional[str] = None
     compute_mode: str = DEFAULT_COMPUTE_MODE
     control_binary: t.Optional[str] = None
+    # The driver NVML reported when the daemon was started (None: a record of an older version, or unknown). After a
+    # driver upgrade the daemon and its servers run the old driver's user-space: a run restarts it (busy decides).
+    driver_version: t.Optional[str] = None
 
     @classmethod
     def from_data(cls, data: t.Any) -> t.Optional['StartRecord']:
@@ -52,6 +55,7 @@ class StartRecord:
             started_at=_optional_str(data.get('started_at')),
             compute_mode=_optional_str(data.get('compute_mode')) or DEFAULT_COMPUTE_MODE,
             control_binary=_optional_str(data.get('control_binary')),
+            driver_version=_optional_str(data.get('driver_version')),
         )
 
     def to_json(self) -> str:

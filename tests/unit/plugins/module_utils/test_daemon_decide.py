@@ -107,3 +107,19 @@ def test_releasable_gives_back_only_what_nobody_else_serves():
     given, warnings = releasable(gpus, dropped, still_used={'GPU-1'}, keep={'GPU-2'}, claims={'GPU-3': _Foreign()})
     assert [gpu.index for gpu in given] == [0]  # 1: another resource, 2: moving in this plan, 3: a foreign daemon, 4: kept
     assert len(warnings) == 1 and 'GPU 3 (GPU-3) keeps compute mode EXCLUSIVE_PROCESS' in warnings[0] and 'pid 7' in warnings[0]
+
+
+@pytest.mark.parametrize('recorded, now, restarts', [
+    ('580.159.04', '590.44.01', True),
+    ('580.159.04', '580.159.04', False),
+    (None, '590.44.01', False),     # a record of an older version: unknown, no restart for it
+    ('580.159.04', '', False),      # NVML's version unknown
+])
+def test_a_daemon_started_under_another_driver_restarts(recorded, now, restarts):
+    wanted = WantedDaemon({'devices': ['GPU-a'], 'multiuser': False, 'supervisor': 'none', 'shm': False}, driver_version=now)
+    record = StartRecord(devices=['GPU-a'], supervisor='none', pid=41, driver_version=recorded)
+    found = daemon_differences(wanted, DaemonSeen(RUNNING, record))
+    assert bool(found) == restarts, found
+    if restarts:
+        assert found == ["driver: the daemon was started under driver 580.159.04 and NVML now reports 590.44.01 (its servers "
+                         "would run the old driver's user-space libraries against the new kernel module)"]

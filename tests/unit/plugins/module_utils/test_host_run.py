@@ -628,3 +628,34 @@ def test_a_binary_without_client_priority_is_refused_before_anything_changes(hos
     assert 'has no client priority' in str(caught.value)
     assert ('answered' if running else 'help text') in str(caught.value)
     assert sorted(_daemon_pids(host.root)) == before
+
+
+# --- driver upgrades (issue 29) -------------------------------------------------------------------------------------
+def _set_driver(version):
+    path = os.environ['FAKE_NVML_CONFIG']
+    with open(path, encoding='utf-8') as handle:
+        text = handle.read()
+    with open(path, 'w', encoding='utf-8') as handle:
+        handle.write(re.sub(r'(?m)^driver_version\s*=.*$', 'driver_version = %s' % version, text))
+
+
+def test_a_driver_upgrade_restarts_the_daemon_under_the_busy_policy_with_the_reason(host, sim_clients):
+    from ansible_collections.gpufleet.mps.plugins.module_utils._resource.record import read_record  # pylint: disable=import-outside-toplevel
+    resources = [{'name': 'train', 'devices': [0]}, {'name': 'infer', 'devices': [1]}]
+    host.run(resources)
+    old = read_record(resource_paths(host.root, 'train')).driver_version
+    assert old
+    _set_driver('590.44.01')
+    client, _reply = sim_clients(resource_paths(host.root, 'infer').pipe_dir)
+    # a client on infer: refused (busy=refuse), nothing changed, the reason named
+    with pytest.raises(MpsError) as caught:
+        host.run(resources)
+    assert 'infer' in str(caught.value) and str(client.pid) in str(caught.value), caught.value
+    assert read_record(resource_paths(host.root, 'infer')).driver_version == old  # not restarted
+    host.leave(client)
+    planned = host.run(resources, check=True)
+    restarts = [change for change in _listed(planned) if change['kind'] == 'restart']
+    assert sorted(change['resource'] for change in restarts) == ['infer', 'train'], _listed(planned)
+    assert all('started under driver %s and NVML now reports 590.44.01' % old in change['action'] for change in restarts), restarts
+    _check_then_apply(host, resources)
+    assert read_record(resource_paths(host.root, 'train')).driver_version == '590.44.01'
