@@ -284,6 +284,47 @@ options:
     description: Directory of the local facts.
     type: path
     default: /etc/ansible/facts.d
+  slurm_hook:
+    description:
+      - Write Slurm's side of MPS from the resource list - a C(TaskProlog) script (O(slurm_task_prolog)) and a
+        C(gres.conf) (O(slurm_gres_conf)) - so that a C(--gres=mps:N) job is pointed at the daemon of the GPU Slurm gave
+        it. Point C(TaskProlog=) in C(slurm.conf) at the script; C(slurm.conf) also needs C(GresTypes=gpu,mps) and the
+        node's C(Gres=), which the C(gres.conf) header gives. Slurm reads both when its daemons start or reconfigure.
+      - The prolog, run as the job's user before each task of an MPS job (C(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE) set by
+        Slurm), finds the job's GPU in C(SLURM_STEP_GPUS) (or C(SLURM_JOB_GPUS)) and exports the pipe and log directories
+        of the daemon serving it and C(CUDA_VISIBLE_DEVICES) as that daemon numbers its GPUs; Slurm's thread percentage
+        stays. A job on a GPU no daemon serves, or whose daemon is not running, fails with a line naming the GPU.
+      - Resources on MIG devices are left out (Slurm describes MIG devices itself).
+      - V(false), and O(state=absent), remove the two files - only where this collection wrote them (their header says
+        so); an administrator's own C(gres.conf) is never touched.
+      - See the schedulers guide for what a real Slurm 22.05 did with it.
+    type: bool
+    default: false
+    version_added: 0.2.0
+  slurm_task_prolog:
+    description: Where O(slurm_hook) writes the TaskProlog script (mode 0755); empty - none.
+    type: path
+    default: /etc/slurm/gpufleet-mps-task-prolog.sh
+    version_added: 0.2.0
+  slurm_gres_conf:
+    description:
+      - Where O(slurm_hook) writes C(gres.conf) (mode 0644); empty - none (for a site that writes its own, from the local
+        facts).
+    type: path
+    default: /etc/slurm/gres.conf
+    version_added: 0.2.0
+  slurm_device_dir:
+    description: The directory of the GPUs' device files in C(gres.conf) (C(File=<dir>/nvidia<index>)).
+    type: path
+    default: /dev
+    version_added: 0.2.0
+  slurm_memory_share:
+    description:
+      - The prolog also exports C(CUDA_MPS_PINNED_DEVICE_MEM_LIMIT), the job's share of its GPU's memory in the same
+        proportion as its thread share (C(--gres=mps:25) - a quarter), rounded down to whole MiB.
+    type: bool
+    default: false
+    version_added: 0.2.0
 requirements:
   - nvidia-ml-py >= 12 (C(import pynvml)) on the managed node
   - the NVIDIA driver (C(libnvidia-ml.so.1) and C(nvidia-cuda-mps-control))
@@ -446,6 +487,11 @@ def argument_spec():
         logrotate_rotate=dict(type='int', default=7),
         local_facts=dict(type='bool', default=True),
         local_facts_dir=dict(type='path', default='/etc/ansible/facts.d'),
+        slurm_hook=dict(type='bool', default=False),
+        slurm_task_prolog=dict(type='path', default='/etc/slurm/gpufleet-mps-task-prolog.sh'),
+        slurm_gres_conf=dict(type='path', default='/etc/slurm/gres.conf'),
+        slurm_device_dir=dict(type='path', default='/dev'),
+        slurm_memory_share=dict(type='bool', default=False),
     )
 
 

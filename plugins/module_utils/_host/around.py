@@ -11,11 +11,13 @@ from __future__ import annotations
 import os
 import typing as t
 
+from .._errors import InvalidParameterError
 from .._io import atomic_write, ensure_dir, read_text, remove
 from .._observe.snapshot import HostSeen, file_mode
 from .._outcome import Outcome
 from .._supervisor.health import HEALTH_NAME, render_health
 from .._supervisor.logrotate import render_logrotate
+from .._supervisor.slurm import MANAGED as SLURM_MANAGED, render_gres_conf, render_task_prolog
 from .._supervisor.unit import Systemctl
 from .facts import FACT_FILE
 
@@ -64,9 +66,47 @@ class Around:
     def _fact(self) -> t.Optional[str]:
         return os.path.join(self.params['local_facts_dir'], FACT_FILE) if self.params['local_facts_dir'] else None
 
+    def _slurm_files(self) -> t.List[str]:
+        p = self.params
+        return [path for path in (p.get('slurm_task_prolog'), p.get('slurm_gres_conf')) if path]
+
     def observed_files(self) -> t.List[str]:
         """Every file this plans a write of by comparing it with what is there: the host plan observes them first."""
-        return list(self._health_files()) + [self._drop_in()] + [path for path in [self._fact()] if path]
+        return (list(self._health_files()) + [self._drop_in()] + [path for path in [self._fact()] if path]
+                + self._slurm_files())
+
+    def slurm(self, out: Outcome, resources: t.Optional[t.List[t.Dict[str, t.Any]]]) -> None:
+        """Slurm's TaskProlog and gres.conf from the listed resources (``resources``: None when the hook is not wanted).
+
+        Without the hook (or at teardown) a file at those paths is removed only when this collection wrote it (its
+        header says so): an administrator's own gres.conf is never touched.
+        """
+        p = self.params
+        prolog, gres = p.get('slurm_task_prolog'), p.get('slurm_gres_conf')
+
+        def current(path: str) -> t.Optional[str]:
+            return self.seen.text(path) if self.seen is not None else read_text(path)
+
+        def ours(text: str) -> bool:
+            return any(SLURM_MANAGED in line for line in text.split('\n')[:3])
+        if resources is not None:
+            for param, path in (('slurm_task_prolog', prolog), ('slurm_gres_conf', gres)):
+                text = current(path) if path else None
+                if text is not None and not ours(text):
+                    raise InvalidParameterError(param, '%s exists and was not written by this collection: it is never '
+                                                'overwritten; move it away, or set %s to another path (or to "" for none)'
+                                                % (path, param))
+            if prolog:
+                plan_write(out, prolog, render_task_prolog(self.root, resources, bool(p.get('slurm_memory_share'))), 0o755,
+                           'Slurm MPS jobs are pointed at the daemon of their GPU', self.seen)
+            if gres:
+                plan_write(out, gres, render_gres_conf(resources, p.get('slurm_device_dir') or '/dev'), 0o644,
+                           'Slurm offers the GPUs the daemons serve as mps shares', self.seen)
+            return
+        for path in (prolog, gres):
+            text = current(path) if path else None
+            if path and text is not None and ours(text):
+                plan_remove(out, path, 'slurm_hook=false' if p['state'] == 'present' else 'state=absent')
 
     def ready_exists(self) -> bool:
         """Observed: whether the ready mark is there now."""

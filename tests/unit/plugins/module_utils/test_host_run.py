@@ -659,3 +659,26 @@ def test_a_driver_upgrade_restarts_the_daemon_under_the_busy_policy_with_the_rea
     assert all('started under driver %s and NVML now reports 590.44.01' % old in change['action'] for change in restarts), restarts
     _check_then_apply(host, resources)
     assert read_record(resource_paths(host.root, 'train')).driver_version == '590.44.01'
+
+
+# --- the Slurm hook (issue 28) ----------------------------------------------------------------------------------------
+def test_the_slurm_hook_writes_its_files_and_never_touches_a_site_s_own(host):
+    prolog, gres = str(host.base / 'slurm' / 'prolog.sh'), str(host.base / 'slurm' / 'gres.conf')
+    options = dict(slurm_task_prolog=prolog, slurm_gres_conf=gres, slurm_device_dir='/dev')
+    resources = [{'name': 'gpu0', 'devices': [0]}, {'name': 'pair', 'devices': [2, 1]}]
+    applied = _check_then_apply(host, resources, slurm_hook=True, **options)
+    assert {change.action for change in applied.executed} >= {'write %s' % prolog, 'write %s' % gres}
+    text = open(gres, encoding='utf-8').read()
+    assert 'Name=mps Count=100 File=/dev/nvidia2' in text and 'Name=gpu File=/dev/nvidia3' not in text
+    assert os.stat(prolog).st_mode & 0o777 == 0o755
+    # no longer wanted: both go (they are ours)
+    _check_then_apply(host, resources, slurm_hook=False, **options)
+    assert not os.path.exists(prolog) and not os.path.exists(gres)
+    # a gres.conf of the site's own is neither overwritten nor removed
+    with open(gres, 'w', encoding='utf-8') as handle:
+        handle.write('Name=gpu File=/dev/nvidia0\n')
+    with pytest.raises(InvalidParameterError, match='slurm_gres_conf.*not written by this collection'):
+        host.run(resources, slurm_hook=True, **options)
+    assert not os.path.exists(prolog)  # refused before anything was written
+    _check_then_apply(host, resources, slurm_hook=False, **options)
+    assert open(gres, encoding='utf-8').read() == 'Name=gpu File=/dev/nvidia0\n'
