@@ -15,6 +15,8 @@ Each console block of the documents below carries a tag on the line before it (a
   of that command's last run above the block (by a ``run`` block of the same document).
 - ``message``: a text block quoting a message, which tests/docs/test_quoted_messages.py finds in what a
   situation of tests/docs/messages.yml printed.
+- ``engines <name>``: a text block quoting what a real engine printed, which the engines test ``<name>`` finds in its
+  own output (tests/engines/quoted.py; ``make engines``).
 
 A console block without a tag, or a skip without a reason, fails the test: nothing shown goes untested
 without saying why.  Run by ``make docs-commands`` (part of ``make test``), with TEST_ROOT set as the
@@ -132,7 +134,7 @@ def test_every_console_block_says_whether_it_runs_and_why_not(block: Block) -> N
     if tag.startswith('skip'):
         assert re.match(r'^skip: \S.{9,}', tag), f'{block.doc}:{block.line}: a skip needs its reason'
     else:
-        assert tag in ('run', 'message') or EXCEPT_RE.match(tag) or OUTPUT_RE.match(tag), f'{block.doc}:{block.line}: unknown tag {tag!r}'
+        assert tag in ('run', 'message') or tag.startswith('engines ') or EXCEPT_RE.match(tag) or OUTPUT_RE.match(tag), f'{block.doc}:{block.line}: unknown tag {tag!r}'
         if tag.startswith('run'):
             assert block.commands(), f'{block.doc}:{block.line}: a run block without a command'
 

@@ -40,6 +40,7 @@ REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..'))
 sys.path.insert(0, os.path.join(REPO, 'tests', 'fakes'))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from private_host import PYTHON, private_host  # noqa: E402  pylint: disable=wrong-import-position
+from quoted import check_quoted  # noqa: E402  pylint: disable=wrong-import-position
 from slurm_cluster import SlurmCluster, cgroup_v1_devices, device_dir, pid_alive  # noqa: E402  pylint: disable=wrong-import-position
 
 CLIENT = os.path.join(REPO, 'tests', 'fakes', 'mps', 'mps_client.py')
@@ -391,6 +392,8 @@ def test_the_transcript_for_the_docs(host: Dict[str, str], cluster: SlurmCluster
     text = '\n\n'.join(TRANSCRIPT) + '\n'
     with open(os.path.join(host['work'], 'transcript.txt'), 'w', encoding='utf-8') as handle:
         handle.write(text)
+    # the schedulers guide quotes it
+    check_quoted('docs/docsite/rst/guide_schedulers.rst', 'slurm', text, [os.path.join(host['work'], 'host'), host['work'] + '/'])
     with capsys.disabled():
         print('\n--- %s, one node, up in %.2f s; the role provisioned 4 daemons in %s s\n%s' % (
             cluster.run(['sinfo', '--version']).stdout.strip(), cluster.startup_s or 0, host['provisioned_s'], text))

@@ -52,7 +52,7 @@ def test_gres_conf_has_a_gpu_and_an_mps_line_per_gpu_in_index_order_whatever_the
                                'Name=gpu File=/dev/nvidia1', 'Name=mps Count=100 File=/dev/nvidia1',
                                'Name=gpu File=/dev/nvidia3', 'Name=mps Count=100 File=/dev/nvidia3']
     assert '# slurm.conf: GresTypes=gpu,mps and for this node Gres=gpu:3,mps:300\n' in text
-    assert "# example.com/infer spans 2 GPUs: Slurm's MPS jobs on it all use its first GPU.\n" in text
+    assert '# example.com/infer spans 2 GPUs: a job needs CUDA_VISIBLE_DEVICES as this daemon numbers them.\n' in text
     assert 'train spans' not in text and '\n\n' not in text and '{' not in text
 
 
