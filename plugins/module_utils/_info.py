@@ -25,7 +25,7 @@ from ._gpus import ENUMERATION_WARNING, MPS_ENUMERATION_VAR, Gpu, Nvml, all_devi
 from ._io import untraversable_parents
 from ._resource.record import StartRecord, read_record
 from ._proc import child_pids, daemon_dev_shm, process_uid
-from ._limits.model import Limits
+from ._limits.model import Limits, slice_env
 from ._limits.store import persisted_facts, read_persisted
 from ._resource.layout import (
     DEFAULT_CONTAINER_ROOT,
@@ -75,11 +75,13 @@ class InfoRequest:
     control_binary: t.Optional[str]
     timeout: float
     container_root: str = DEFAULT_CONTAINER_ROOT
+    # The container view's slice: the environment one of this many clients sets to take 1/slices of each GPU (None: none).
+    slices: t.Optional[int] = None
 
     @classmethod
     def validate(cls, root: str, config_dir: str, name: t.Optional[str], gather: t.Sequence[str],
                  control_binary: t.Optional[str], timeout: float,
-                 container_root: str = DEFAULT_CONTAINER_ROOT) -> 'InfoRequest':
+                 container_root: str = DEFAULT_CONTAINER_ROOT, slices: t.Optional[int] = None) -> 'InfoRequest':
         if not gather:
             raise InvalidParameterError('gather', 'must name at least one of %s' % ', '.join(GATHER_CHOICES))
         unknown = sorted(set(gather) - set(GATHER_CHOICES))
@@ -97,7 +99,9 @@ class InfoRequest:
         wanted = frozenset(gather)
         if 'servers' in wanted:
             wanted = wanted | {'daemons'}
-        return cls(root, config_dir, name, wanted, control_binary, timeout, container_root)
+        if slices is not None:
+            slice_env(slices, [])  # refused here, naming slices, before anything is read
+        return cls(root, config_dir, name, wanted, control_binary, timeout, container_root, slices)
 
 
 @dataclass
@@ -261,6 +265,8 @@ class Collector:
             facts['container'] = container_view(paths, self.request.container_root, facts['shm'])
         except InvalidParameterError as exc:
             self.warnings.append('no container view for %s: %s' % (paths.name, exc.msg))
+        if facts['container'] is not None and self.request.slices is not None:
+            facts['container']['slice'] = self._slice(uuids, by_uuid, persisted)
         if 'servers' in self.request.gather:
             facts['servers'] = []
         if state.conflict:
@@ -329,6 +335,17 @@ class Collector:
             return None, exc.msg
         except UnicodeDecodeError as exc:
             return None, 'the control UI printed unreadable output (%s)' % exc
+
+    def _slice(self, uuids: t.Sequence[str], by_uuid: t.Mapping[str, Gpu], persisted: t.Optional[Limits]) -> t.Dict[str, t.Any]:
+        """One of ``slices`` clients' share of the daemon's GPUs, as the environment it sets (``slice_env``), capped by the
+        persisted limits (what the daemon hands out); the memory only where NVML gave every GPU's size."""
+        slices = int(self.request.slices or 1)
+        gpus = [by_uuid.get(uuid) for uuid in uuids]
+        memory = [gpu.memory_total_mib for gpu in gpus if gpu is not None] if all(gpus) and uuids else []
+        return {'slices': slices, 'env': slice_env(
+            slices, memory, persisted.active_thread_percentage if persisted else None,
+            [persisted.mem_for(uuid) for uuid in uuids] if persisted else [],
+            persisted.client_priority if persisted else None)}
 
     # --- warnings ----------------------------------------------------------------------------------
     def _warn_compute_modes(self, paths: ResourcePaths, devices: t.Sequence[t.Dict[str, t.Any]], by_uuid: t.Mapping[str, Gpu],

@@ -73,6 +73,19 @@ options:
     type: path
     default: /mps
     version_added: 0.2.0
+  slices:
+    description:
+      - Add to each daemon's RV(daemons[].container) a C(slice) - the environment one of this many clients (containers,
+        pods, jobs) sets to take an equal slice of each of the daemon's GPUs - C(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE)
+        (C(floor(1000 / slices) / 10)), C(CUDA_MPS_PINNED_DEVICE_MEM_LIMIT) (C(total // slices) MiB per device ordinal,
+        where NVML gave the GPUs' sizes) and, for a daemon whose clients get below-normal priority,
+        C(CUDA_MPS_CLIENT_PRIORITY=1).
+      - A client's variables can only lower what its server hands out, so a slice never exceeds the daemon's persisted
+        limits. MPS applies them per client process, not per container - a container that starts two CUDA processes
+        gets two slices.
+      - From 1 to 100.
+    type: int
+    version_added: 0.2.0
 notes:
   - Reading compute modes and the daemons' files works as any user; asking a daemon needs access to its pipe
     directory (root for the default O(root)).
@@ -349,6 +362,7 @@ daemons:
         - What a client in a container needs - the same as M(gpufleet.mps.mps_daemon)'s
           RV(gpufleet.mps.mps_daemon#module:container) - C(root), C(pipe_dir), C(env) and C(mounts) (C(source) on the host,
           C(target) in the container). Null when the container path would not fit in a unix socket address.
+        - With O(slices), also C(slice) - C(slices) and the C(env) one of that many clients sets to take its slice.
       type: dict
       sample: {root: /mps, pipe_dir: /mps/train/pipe, env: {CUDA_MPS_PIPE_DIRECTORY: /mps/train/pipe},
                mounts: [{source: /run/nvidia/mps/train/pipe, target: /mps/train/pipe}, {source: /dev/shm, target: /dev/shm}]}
@@ -544,6 +558,7 @@ def argument_spec():
         gather=dict(type='list', elements='str', choices=list(GATHER_CHOICES), default=list(GATHER_CHOICES)),
         timeout=dict(type='int', default=10),
         container_root=dict(type='path', default=DEFAULT_CONTAINER_ROOT),
+        slices=dict(type='int'),
     )
     return spec
 
@@ -553,7 +568,7 @@ def run(module):
     # A read-only module: without the binary the facts say so instead of failing.
     binary = require_binary(params['control_binary']) if params['control_binary'] else shutil.which(CONTROL_BINARY)
     request = InfoRequest.validate(params['root'], params['config_dir'], params['name'], params['gather'], binary,
-                                   params['timeout'], params['container_root'])
+                                   params['timeout'], params['container_root'], params['slices'])
     report = Collector(request).collect()
     for warning in report.warnings:
         module.warn(warning)

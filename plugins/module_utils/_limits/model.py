@@ -160,6 +160,36 @@ def parse_priority(value: t.Any, param: str = 'client_priority') -> int:
     raise InvalidParameterError(param, 'must be normal or below_normal (or 0 or 1, as CUDA_MPS_CLIENT_PRIORITY takes it), got %r' % (value,))
 
 
+def slice_env(slices: t.Any, memory_mib: t.Sequence[int], percentage: t.Optional[float] = None,
+              mem_limits: t.Sequence[t.Optional[int]] = (), priority: t.Optional[int] = None,
+              param: str = 'slices') -> t.Dict[str, str]:
+    """What one of ``slices`` clients of a daemon sets to take its slice: the environment MPS reads at the client's start.
+
+    A slice is ``1 / slices`` of each GPU: ``floor(1000 / slices) / 10`` percent of the threads and, per device ordinal
+    (``memory_mib``, the daemon's GPUs in its order), ``total // slices`` MiB - never more than the daemon hands out
+    (``percentage``, ``mem_limits``: a client's variables can only lower its server's limits). ``priority`` 1 (below
+    normal) is passed on as ``CUDA_MPS_CLIENT_PRIORITY``; a client of a normal-priority daemon needs no variable for it.
+    """
+    if isinstance(slices, bool) or not isinstance(slices, int) or not 1 <= slices <= 100:
+        raise InvalidParameterError(param, 'must be a number of clients from 1 to 100, got %r' % (slices,))
+    share = math.floor(1000 / slices) / 10.0
+    if percentage is not None:
+        share = min(share, percentage)
+    env = {'CUDA_MPS_ACTIVE_THREAD_PERCENTAGE': format_percentage(share)}
+    limits = []
+    for ordinal, total in enumerate(memory_mib):
+        mib = total // slices
+        cap = mem_limits[ordinal] if ordinal < len(mem_limits) else None
+        if cap is not None:
+            mib = min(mib, cap)
+        limits.append('%d=%dM' % (ordinal, mib))
+    if limits:
+        env['CUDA_MPS_PINNED_DEVICE_MEM_LIMIT'] = ','.join(limits)
+    if priority:
+        env['CUDA_MPS_CLIENT_PRIORITY'] = str(priority)
+    return env
+
+
 def format_percentage(value: float) -> str:
     return ('%.1f' % value) if round(value, 1) == value else repr(value)
 

@@ -682,3 +682,25 @@ def test_the_slurm_hook_writes_its_files_and_never_touches_a_site_s_own(host):
     assert not os.path.exists(prolog)  # refused before anything was written
     _check_then_apply(host, resources, slurm_hook=False, **options)
     assert open(gres, encoding='utf-8').read() == 'Name=gpu File=/dev/nvidia0\n'
+
+
+# --- per-client slices (issue 29) ---------------------------------------------------------------------------------
+def test_a_client_that_sets_its_slice_gets_it_from_a_daemon_that_hands_out_more(host):
+    from ansible_collections.gpufleet.mps.plugins.module_utils._info import Collector, InfoRequest  # pylint: disable=import-outside-toplevel
+    host.run([{'name': 'train', 'devices': [0], 'replicas': 2}])
+    request = InfoRequest.validate(host.root, host.params['config_dir'], None, ['daemons'], host.binary, 10, '/mps', 4)
+    (daemon,) = Collector(request).collect().facts['daemons']
+    total = [gpu['memory_total_mib'] for gpu in _gpu_facts() if gpu['uuid'] == daemon['devices'][0]['uuid']][0]
+    assert daemon['container']['slice'] == {'slices': 4, 'env': {
+        'CUDA_MPS_ACTIVE_THREAD_PERCENTAGE': '25.0', 'CUDA_MPS_PINNED_DEVICE_MEM_LIMIT': '0=%dM' % (total // 4)}}
+    # a client (a container, a pod) with that environment gets a quarter of the GPU from the daemon's half
+    env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=daemon['pipe_dir'], **daemon['container']['slice']['env'])
+    proc = subprocess.run([str(host.base / 'host' / 'bin' / 'mps-sim-client'), '--once'], env=env, capture_output=True, text=True,
+                          timeout=60, check=True)
+    reply = json.loads(proc.stdout.splitlines()[0])
+    assert reply['active_thread_percentage'] == 25.0 and reply['pinned_mem_limit_mib'] == {'0': total // 4}, reply
+
+
+def _gpu_facts():
+    with _gpus.Nvml() as nvml:
+        return [gpu.facts() for gpu in nvml.gpus()]

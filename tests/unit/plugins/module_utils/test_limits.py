@@ -446,3 +446,19 @@ def test_a_record_without_client_priority_reads_and_writes_as_before():
     assert with_priority.commands(['GPU-a']) == ['set_default_device_pinned_mem_limit 0 1024M',
                                                  'set_default_active_thread_percentage 25.0', 'set_default_client_priority 1']
     assert not _limits.Limits(client_priority=0).empty
+
+
+def test_a_slice_is_an_equal_share_of_each_gpu_capped_by_what_the_daemon_hands_out():
+    assert _limits.slice_env(4, [81559, 40960]) == {'CUDA_MPS_ACTIVE_THREAD_PERCENTAGE': '25.0',
+                                                    'CUDA_MPS_PINNED_DEVICE_MEM_LIMIT': '0=20389M,1=10240M'}
+    assert _limits.slice_env(3, [])['CUDA_MPS_ACTIVE_THREAD_PERCENTAGE'] == '33.3'
+    # a daemon at 20 % with a 10G limit on ordinal 0: its clients cannot take more, whatever the slice
+    capped = _limits.slice_env(2, [81559, 81559], 20.0, [10240, None], priority=1)
+    assert capped == {'CUDA_MPS_ACTIVE_THREAD_PERCENTAGE': '20.0', 'CUDA_MPS_PINNED_DEVICE_MEM_LIMIT': '0=10240M,1=40779M',
+                      'CUDA_MPS_CLIENT_PRIORITY': '1'}
+
+
+@pytest.mark.parametrize('slices', [0, 101, True, '4', None])
+def test_a_slice_count_out_of_range_is_refused_naming_slices(slices):
+    with pytest.raises(InvalidParameterError, match='slices.*from 1 to 100'):
+        _limits.slice_env(slices, [])
