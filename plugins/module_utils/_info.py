@@ -25,6 +25,7 @@ from ._gpus import ENUMERATION_WARNING, MPS_ENUMERATION_VAR, Gpu, Nvml, all_devi
 from ._io import untraversable_parents
 from ._resource.record import StartRecord, read_record
 from ._proc import child_pids, daemon_dev_shm, process_uid
+from ._container import with_engine
 from ._limits.model import Limits, slice_env
 from ._limits.store import persisted_facts, read_persisted
 from ._resource.layout import (
@@ -265,8 +266,14 @@ class Collector:
             facts['container'] = container_view(paths, self.request.container_root, facts['shm'])
         except InvalidParameterError as exc:
             self.warnings.append('no container view for %s: %s' % (paths.name, exc.msg))
-        if facts['container'] is not None and self.request.slices is not None:
-            facts['container']['slice'] = self._slice(uuids, by_uuid, persisted)
+        if facts['container'] is not None:
+            if self.request.slices is not None:
+                facts['container']['slice'] = self._slice(uuids, by_uuid, persisted)
+            try:
+                # the same view as a container engine's arguments (and a pod spec's), the slice's limits included
+                with_engine(facts['container'], (facts['container'].get('slice') or {}).get('env'))
+            except InvalidParameterError as exc:
+                self.warnings.append('no container engine arguments for %s: %s' % (paths.name, exc.msg))
         if 'servers' in self.request.gather:
             facts['servers'] = []
         if state.conflict:

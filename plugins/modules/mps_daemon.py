@@ -356,6 +356,15 @@ container:
       type: list
       elements: dict
       sample: [{source: /run/nvidia/mps/nvidia.com/gpu/pipe, target: /mps/nvidia.com/gpu/pipe}, {source: /run/nvidia/mps/shm, target: /dev/shm}]
+    engine:
+      description:
+        - The same as a container engine's arguments - C(podman) and C(docker) (C(--volume) the pipe directory
+          read-only and the daemon's C(/dev/shm) read-write, C(--env) each variable) - and C(kubernetes), the
+          C(volumes) (C(hostPath)), C(volumeMounts) and C(env) of a pod spec. See the containers guide.
+      type: dict
+      sample: {podman: [--volume, '/run/nvidia/mps/nvidia.com/gpu/pipe:/mps/nvidia.com/gpu/pipe:ro', --volume, '/run/nvidia/mps/shm:/dev/shm',
+                        --env, CUDA_MPS_PIPE_DIRECTORY=/mps/nvidia.com/gpu/pipe]}
+      version_added: 0.2.0
 notes:
   description: What the run did not do as asked, and why, without failing - a compute mode on a MIG device.
   returned: always

@@ -363,9 +363,15 @@ daemons:
           RV(gpufleet.mps.mps_daemon#module:container) - C(root), C(pipe_dir), C(env) and C(mounts) (C(source) on the host,
           C(target) in the container). Null when the container path would not fit in a unix socket address.
         - With O(slices), also C(slice) - C(slices) and the C(env) one of that many clients sets to take its slice.
+        - C(engine) - the same as what a container engine takes - C(podman) and C(docker) argument lists (C(--volume)
+          the pipe directory read-only, the daemon's C(/dev/shm) read-write, C(--env) each variable, the slice's
+          included), and C(kubernetes), the C(volumes), C(volumeMounts) and C(env) of a pod spec (C(hostPath) volumes).
+          A real podman container started with these arguments reaches the daemon (C(make engines)).
       type: dict
       sample: {root: /mps, pipe_dir: /mps/train/pipe, env: {CUDA_MPS_PIPE_DIRECTORY: /mps/train/pipe},
-               mounts: [{source: /run/nvidia/mps/train/pipe, target: /mps/train/pipe}, {source: /dev/shm, target: /dev/shm}]}
+               mounts: [{source: /run/nvidia/mps/train/pipe, target: /mps/train/pipe}, {source: /dev/shm, target: /dev/shm}],
+               engine: {podman: [--volume, '/run/nvidia/mps/train/pipe:/mps/train/pipe:ro', --volume, '/dev/shm:/dev/shm',
+                                 --env, CUDA_MPS_PIPE_DIRECTORY=/mps/train/pipe]}}
       version_added: 0.2.0
     state:
       description:

@@ -20,6 +20,7 @@ from .._gpus import Gpu, Nvml, all_devices
 from .._outcome import Outcome
 from .._io import refuse_unsafe_dirs
 from .._observe.scan import ForeignDaemon
+from .._container import with_engine
 from .._resource.layout import ConfigPaths, ResourcePaths, config_paths, container_view, managed_dirs, resource_paths, validate_log_mode
 from .._resource.lock import RESOURCE_LOCK, resource_lock
 from .._resource.record import StartRecord, read_record
@@ -297,7 +298,7 @@ class DaemonSetup:
         # A resource that an older version accepted (a pipe directory of 88 to 99 bytes) can still be stopped and removed.
         paths = resource_paths(params['root'], params['name'], check_length=not leaving)
         try:
-            container: t.Optional[t.Dict[str, t.Any]] = container_view(paths, params['container_root'], params['shm'])
+            container: t.Optional[t.Dict[str, t.Any]] = with_engine(container_view(paths, params['container_root'], params['shm']))
         except InvalidParameterError:
             if not leaving:
                 raise
