@@ -32,6 +32,7 @@ sys.path.insert(0, os.path.join(REPO, 'tests', 'fakes'))
 sys.path.insert(0, HERE)
 from private_host import PYTHON, private_host  # noqa: E402  pylint: disable=wrong-import-position
 from podman_env import Podman, rootfs, which  # noqa: E402  pylint: disable=wrong-import-position
+from quoted import check_quoted  # noqa: E402  pylint: disable=wrong-import-position
 
 CLIENT = os.path.join(REPO, 'tests', 'fakes', 'mps', 'mps_client.py')
 CLIENT_IN = '/client/mps_client.py'
@@ -284,6 +285,10 @@ def test_a_daemon_on_the_hosts_dev_shm_is_reached_with_the_hosts_ipc_namespace(l
         got = reply(client(lab, args))
         assert got['ok'] and got['active_thread_percentage'] == 50.0, got
     show(capsys, lab, since)
+
+
+def test_the_containers_guide_quotes_what_podman_printed(lab: Lab) -> None:
+    assert check_quoted('docs/docsite/rst/guide_containers.rst', 'podman', '\n'.join(lab.quotes)) == 3
 
 
 def test_teardown_leaves_nothing_of_the_test_running(lab: Lab, capsys: pytest.CaptureFixture) -> None:
