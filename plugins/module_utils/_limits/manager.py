@@ -34,6 +34,7 @@ from .model import (
     parse_mem_limit,
     parse_percentage as parse_wanted_percentage,
     parse_priority,
+    replica_warnings,
 )
 from .decide import LimitsSeen, ServerLimits, decide_limits
 from .store import persist, read_persisted, write_replay
@@ -271,6 +272,8 @@ class LimitsManager:
         persisted = read_persisted(self.config, self.read_file)
         out = LimitsOutcome(running=running, wanted=wanted)
         out.limits = self._describe(wanted, scope)
+        if replicas is not None and (self.planned is not None or self.scope_known):
+            out.warnings += replica_warnings(wanted.replicas, self.planned if self.planned is not None else scope)
         # Observed (one UI process for a running daemon), then decided by a pure function of it.
         if running:
             pct, mem_read, servers, readout = self.read(scope, pid)

@@ -8,6 +8,7 @@ limits of a resource are persisted (``_limits/store.py``) and replayed right aft
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import math
 import re
@@ -283,6 +284,36 @@ class Limits:
         if self.client_priority is not None:
             cmds.append(set_default_priority(self.client_priority))
         return cmds
+
+
+# GPU models on which users reported replica counts failing far below the MPS client limit, with the most that worked
+# (NVIDIA/k8s-device-plugin#1118: "all CUDA-capable devices are busy or unavailable" at the first allocation).
+REPORTED_REPLICAS = (('NVIDIA A16*', 5), ('Tesla T4*', 21), ('NVIDIA T4*', 21), ('NVIDIA A30*', 30))
+REPLICAS_SOURCE = ('each client holds CUDA_DEVICE_MAX_CONNECTIONS connections (2 by default) of the GPU\'s MPS budget, and '
+                   '"increasing CUDA_DEVICE_MAX_CONNECTIONS will decrease the total number of MPS clients possible per server" '
+                   '(NVIDIA MPS documentation, client limits)')
+
+
+def replica_warnings(replicas: t.Optional[int], gpus: t.Sequence[t.Any]) -> t.List[str]:
+    """Warnings (not refusals) for a replica count near what a GPU sustains when clients open more connections.
+
+    Above half the GPU's MPS client limit, clients with 4 connections (or two contexts) each no longer all fit; on the
+    models of :data:`REPORTED_REPLICAS`, above the count users reported working.
+    """
+    if not replicas:
+        return []
+    found = []
+    for gpu in gpus:
+        reported = next((count for pattern, count in REPORTED_REPLICAS if fnmatch.fnmatchcase(gpu.name, pattern)), None)
+        if reported is not None and replicas > reported:
+            found.append('replicas %d on %s: users report clients failing above %d replicas on %s ("all CUDA-capable devices '
+                         'are busy or unavailable" at the first allocation, NVIDIA/k8s-device-plugin#1118); %s' % (
+                             replicas, _described(gpu), reported, gpu.name, REPLICAS_SOURCE))
+        elif replicas > gpu.max_mps_clients // 2:
+            found.append('replicas %d on %s is more than half of its %d MPS clients: clients that open more than the default '
+                         'connections (CUDA_DEVICE_MAX_CONNECTIONS=4, or a second context) would not all fit; %s' % (
+                             replicas, _described(gpu), gpu.max_mps_clients, REPLICAS_SOURCE))
+    return found
 
 
 def check_replicas(replicas: t.Any, gpus: t.Sequence[t.Any], param: str = 'replicas',

@@ -462,3 +462,23 @@ def test_a_slice_is_an_equal_share_of_each_gpu_capped_by_what_the_daemon_hands_o
 def test_a_slice_count_out_of_range_is_refused_naming_slices(slices):
     with pytest.raises(InvalidParameterError, match='slices.*from 1 to 100'):
         _limits.slice_env(slices, [])
+
+
+def _named(name, clients=48):
+    return types.SimpleNamespace(name=name, max_mps_clients=clients, is_mig=False, index=0, uuid='GPU-x', label='GPU 0')
+
+
+@pytest.mark.parametrize('name, replicas, warns', [
+    ('NVIDIA A16', 5, None), ('NVIDIA A16', 6, 'above 5 replicas on NVIDIA A16'),
+    ('Tesla T4', 21, None), ('Tesla T4', 22, 'above 21 replicas'),
+    ('NVIDIA A30', 31, 'above 30 replicas'),
+    ('NVIDIA H100 80GB HBM3', 24, None), ('NVIDIA H100 80GB HBM3', 25, 'more than half of its 48 MPS clients'),
+])
+def test_replica_counts_near_what_a_gpu_sustains_warn_citing_the_source(name, replicas, warns):
+    found = _limits.replica_warnings(replicas, [_named(name)])
+    if warns is None:
+        assert found == []
+    else:
+        (text,) = found
+        assert warns in text and 'CUDA_DEVICE_MAX_CONNECTIONS' in text, text
+        assert ('k8s-device-plugin#1118' in text) == ('above' in warns and 'half' not in warns)
