@@ -11,7 +11,9 @@ import typing as t
 
 from .._gpus import all_devices
 from .._io import ensure_dir, remove, restorer, untraversable_parents
+from .._errors import InvalidParameterError
 from .._limits.store import persist, read_persisted, read_replay, write_replay
+from .._protocol.commands import SET_DEFAULT_PRIORITY
 from .._outcome import Outcome
 from .._resource.record import StartRecord, write_record
 from .._selinux import enabled as selinux_enabled, plan_type
@@ -95,7 +97,7 @@ class DaemonActions:
             return planned.commands(uuids)
         limits = read_persisted(self.config)
         if limits is None:
-            return read_replay(self.config)
+            return self._offered(read_replay(self.config))
         added = limits.add_replica_shares(wanted.devices, all_devices(self.nvml.gpus()))
         if added:
             out.warnings.append('the persisted limits of %s had no pinned memory limit for %s: %s from replicas=%d' % (
@@ -106,7 +108,20 @@ class DaemonActions:
         if write_replay(self.config, limits, uuids, check_mode=True):
             out.act('write %s for the new device order' % self.config.limits_file, lambda: (
                 ensure_dir(self.config.config_dir, 0o755), write_replay(self.config, limits, uuids, check_mode=False)))
-        return limits.commands(uuids)
+        return self._offered(limits.commands(uuids))
+
+    def _offered(self, commands: t.List[str]) -> t.List[str]:
+        """The replay, refused before the daemon is stopped or started where the binary lacks one of its commands.
+
+        Only client priority is missing from some binaries; its help text is read (once) only when the replay has it.
+        """
+        if any(cmd.split()[0] == SET_DEFAULT_PRIORITY for cmd in commands) and self.daemon.offers(SET_DEFAULT_PRIORITY) is False:
+            raise InvalidParameterError('client_priority', 'the persisted limits of %s (%s) set a client priority, and the help '
+                                        'text of %s lists no %s: this binary has no client priority. Nothing was started or '
+                                        'stopped; unset it with gpufleet.mps.mps_limits (client_priority: normal) under a '
+                                        'binary that has it, or remove it from the resource' % (
+                                            self.paths.name, self.config.limits_json, self.daemon.binary, SET_DEFAULT_PRIORITY))
+        return commands
 
     def _stop_process(self, state: DaemonState, record: t.Optional[StartRecord], out: Outcome) -> None:
         """Stop the running daemon through whoever supervises it."""
