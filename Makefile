@@ -19,12 +19,12 @@ export PATH := $(VENV)/bin:$(PATH)
 
 .PHONY: help
 help:
-	@echo 'make test       everything CI runs: sanity, units, integration, lint, docs, fakes, molecule'
+	@echo 'make test       everything CI runs: sanity, units, integration, lint, docs, fakes, engines, molecule'
 	@echo 'make demo       provision a simulated 4-GPU host in $$TEST_ROOT/demo with the fleet role (make demo-clean to undo)'
 	@echo 'make simhost    build the simulated GPU host into .simhost/ (then: . .simhost/env)'
 	@echo 'make venv       create .venv from requirements-dev.txt (exact pins)'
 	@echo 'make docs       build the HTML docsite offline (into $$TEST_ROOT/docsite)'
-	@echo 'make sanity | units | integration | upgrade | lint | changelog-lint | docs-lint | test-fakes | packaging | molecule'
+	@echo 'make sanity | units | integration | upgrade | lint | changelog-lint | docs-lint | test-fakes | packaging | engines | molecule'
 	@echo 'make ee         ansible-builder create on the example execution environment (no container engine needed)'
 	@echo 'make runner     the fleet role through ansible-runner as AWX runs it, a rolling change included'
 	@echo 'make clean      remove .simhost and $$TEST_ROOT (the copied collection tree, the demo), ending what runs there'
@@ -63,7 +63,7 @@ simhost-reset:
 
 # --- tests --------------------------------------------------------------------------------------
 .PHONY: test collection engines sanity units integration upgrade lint changelog-lint docs-lint docs docs-commands test-fakes molecule packaging bench-quick ssh ee runner leftovers
-test: changelog-lint test-fakes sanity units integration upgrade lint docs-lint docs docs-commands packaging ee runner bench-quick ssh molecule
+test: changelog-lint test-fakes sanity units integration upgrade lint docs-lint docs docs-commands packaging ee runner bench-quick ssh engines molecule
 	$(MAKE) leftovers
 	@echo 'make test: all passed'
 

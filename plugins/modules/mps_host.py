@@ -284,6 +284,16 @@ options:
     description: Directory of the local facts.
     type: path
     default: /etc/ansible/facts.d
+  metrics_dir:
+    description:
+      - Where the health check (O(health_check), under systemd) also writes C(gpufleet_mps.prom) for node_exporter's
+        textfile collector (C(--collector.textfile.directory)) on every check - per resource whether its daemon runs and
+        answers, its servers and clients, its limits, and when the check ran, how long it took and why a daemon failed
+        it. Debian's prometheus-node-exporter reads C(/var/lib/prometheus/node-exporter).
+      - Empty - no metrics; a file an earlier run's health check wrote there is removed.
+    type: path
+    default: ''
+    version_added: 0.2.0
   slurm_hook:
     description:
       - Write Slurm's side of MPS from the resource list - a C(TaskProlog) script (O(slurm_task_prolog)) and a
@@ -487,6 +497,7 @@ def argument_spec():
         logrotate_rotate=dict(type='int', default=7),
         local_facts=dict(type='bool', default=True),
         local_facts_dir=dict(type='path', default='/etc/ansible/facts.d'),
+        metrics_dir=dict(type='path', default=''),
         slurm_hook=dict(type='bool', default=False),
         slurm_task_prolog=dict(type='path', default='/etc/slurm/gpufleet-mps-task-prolog.sh'),
         slurm_gres_conf=dict(type='path', default='/etc/slurm/gres.conf'),

@@ -9,13 +9,14 @@ change, and writes it as its last, only when every listed resource answers (an e
 from __future__ import annotations
 
 import os
+import re
 import typing as t
 
 from .._errors import InvalidParameterError
 from .._io import atomic_write, ensure_dir, read_text, remove
 from .._observe.snapshot import HostSeen, file_mode
 from .._outcome import Outcome
-from .._supervisor.health import HEALTH_NAME, render_health
+from .._supervisor.health import HEALTH_NAME, METRICS_FILE, render_health
 from .._supervisor.logrotate import render_logrotate
 from .._supervisor.slurm import MANAGED as SLURM_MANAGED, render_gres_conf, render_task_prolog
 from .._supervisor.unit import Systemctl
@@ -58,7 +59,17 @@ class Around:
 
     def _health_files(self) -> t.Dict[str, str]:
         p = self.params
-        return render_health(self.root, self.config_dir, self.unit_dir, p['health_interval'], p['health_timeout'])
+        return render_health(self.root, self.config_dir, self.unit_dir, p['health_interval'], p['health_timeout'],
+                             metrics_dir=p.get('metrics_dir') or None)
+
+    def _old_metrics(self, wanted_dir: t.Optional[str]) -> t.Optional[str]:
+        """The textfile an earlier health script wrote, where this run's writes none or another one: it goes too."""
+        script = next(iter(self._health_files()))
+        text = (self.seen.text(script) if self.seen is not None else read_text(script)) or ''
+        found = re.search(r"^metrics_dir='([^'\n]+)'$", text, re.M)
+        if not found or (wanted_dir and os.path.normpath(wanted_dir) == found.group(1)):
+            return None
+        return os.path.join(found.group(1), METRICS_FILE)
 
     def _drop_in(self) -> str:
         return os.path.join(self.params['logrotate_dir'], LOGROTATE_FILE)
@@ -131,7 +142,15 @@ class Around:
         timer = os.path.join(self.unit_dir, HEALTH_TIMER)
         systemctl = self.systemctl
         wanted = wanted_here and p['health_check'] and p['supervisor'] != 'none' and p['ready'] and systemctl is not None
+        stale = self._old_metrics(p.get('metrics_dir') if wanted else None)
+        if stale:
+            plan_remove(out, stale, 'the health check writes its metrics %s now' % (
+                'to %s' % p['metrics_dir'] if wanted and p.get('metrics_dir') else 'nowhere'))
         if wanted and systemctl is not None:
+            metrics_dir = p.get('metrics_dir')
+            if metrics_dir and not os.path.isdir(metrics_dir):
+                out.act('create %s' % metrics_dir, lambda: ensure_dir(metrics_dir, 0o755),
+                        'the health check writes its metrics for node_exporter there')
             written = False
             for path, text in files.items():
                 written = plan_write(out, path, text, 0o644 if path.startswith(self.unit_dir) else 0o755,
