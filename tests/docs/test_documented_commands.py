@@ -134,7 +134,8 @@ def test_every_console_block_says_whether_it_runs_and_why_not(block: Block) -> N
     if tag.startswith('skip'):
         assert re.match(r'^skip: \S.{9,}', tag), f'{block.doc}:{block.line}: a skip needs its reason'
     else:
-        assert tag in ('run', 'message') or tag.startswith('engines ') or EXCEPT_RE.match(tag) or OUTPUT_RE.match(tag), f'{block.doc}:{block.line}: unknown tag {tag!r}'
+        known = tag in ('run', 'message') or tag.startswith('engines ') or EXCEPT_RE.match(tag) or OUTPUT_RE.match(tag)
+        assert known, f'{block.doc}:{block.line}: unknown tag {tag!r}'
         if tag.startswith('run'):
             assert block.commands(), f'{block.doc}:{block.line}: a run block without a command'
 

@@ -187,8 +187,8 @@ class LimitsManager:
         return limits
 
     # --- read, compare, apply ---------------------------------------------------------------------
-    def read(self, scope: t.Sequence[Gpu], pid: t.Optional[int]) -> t.Tuple[t.Optional[float], t.Dict[int, t.Optional[str]],
-                                                                         t.List[ServerLimits], t.Any]:
+    def read(self, scope: t.Sequence[Gpu],
+             pid: t.Optional[int]) -> t.Tuple[t.Optional[float], t.Dict[int, t.Optional[str]], t.List[ServerLimits], t.Any]:
         """Defaults and every server's limits, in one UI process (a host plan's: read when it observed the host)."""
         observed = self.host_seen.readouts if self.host_seen is not None else {}
         readout = observed.get(self.paths.name)
