@@ -30,7 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, 'tests', 'fakes'))
 sys.path.insert(0, HERE)
-from private_host import PYTHON, private_host  # noqa: E402  pylint: disable=wrong-import-position
+from private_host import PYTHON, collections_path, private_host  # noqa: E402  pylint: disable=wrong-import-position
 from podman_env import Podman, rootfs, which  # noqa: E402  pylint: disable=wrong-import-position
 from quoted import check_quoted  # noqa: E402  pylint: disable=wrong-import-position
 
@@ -54,17 +54,6 @@ class Lab(NamedTuple):
     engine_args: Any
     collections: str
     quotes: List[str]
-
-
-def collections_path(work: str) -> str:
-    """Where the playbooks find gpufleet.mps and engine_args comes from: make's tree (ANSIBLE_COLLECTIONS_PATH), else
-    this checkout's, copied into ``work``."""
-    given = os.environ.get('ANSIBLE_COLLECTIONS_PATH', '')
-    if given and os.path.isdir(os.path.join(given, 'ansible_collections', 'gpufleet', 'mps')):
-        return given
-    tree = os.path.join(work, 'collections')
-    subprocess.run([os.path.join(REPO, 'hacking', 'collection-tree.sh'), tree], cwd=REPO, check=True, capture_output=True)
-    return tree
 
 
 def import_engine_args(collections: str) -> Any:

@@ -39,7 +39,7 @@ import yaml
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..'))
 sys.path.insert(0, os.path.join(REPO, 'tests', 'fakes'))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from private_host import PYTHON, private_host  # noqa: E402  pylint: disable=wrong-import-position
+from private_host import PYTHON, collections_path, private_host  # noqa: E402  pylint: disable=wrong-import-position
 from quoted import check_quoted  # noqa: E402  pylint: disable=wrong-import-position
 from slurm_cluster import SlurmCluster, cgroup_v1_devices, device_dir, pid_alive  # noqa: E402  pylint: disable=wrong-import-position
 
@@ -58,16 +58,6 @@ echo "job: SLURM_STEP_GPUS=${SLURM_STEP_GPUS-} SLURM_JOB_GPUS=${SLURM_JOB_GPUS-}
  CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=${CUDA_MPS_ACTIVE_THREAD_PERCENTAGE-} CUDA_MPS_PIPE_DIRECTORY=${CUDA_MPS_PIPE_DIRECTORY-}"
 exec "${JOB_PYTHON:-%s}" %s --device "$CUDA_VISIBLE_DEVICES" "$@"
 '''
-
-
-def collections_path(work: str) -> str:
-    """Where ansible-playbook finds gpufleet.mps: make's tree (ANSIBLE_COLLECTIONS_PATH) or this checkout's, copied."""
-    given = os.environ.get('ANSIBLE_COLLECTIONS_PATH', '')
-    if given and os.path.isdir(os.path.join(given, 'ansible_collections', 'gpufleet', 'mps')):
-        return given
-    tree = os.path.join(work, 'collections')
-    subprocess.run([os.path.join(REPO, 'hacking', 'collection-tree.sh'), tree], cwd=REPO, check=True, capture_output=True)
-    return tree
 
 
 def role(host: Dict[str, str], name: str, role_vars: dict) -> List[int]:

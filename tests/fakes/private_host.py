@@ -38,3 +38,14 @@ def private_host(name: str, make_target: str, config: Optional[str] = None) -> P
         argv.append(os.path.join(REPO, 'tests', 'fakes', 'nvml', 'configs', config))
     subprocess.run(argv, check=True, capture_output=True, text=True)
     return host
+
+
+def collections_path(work: str) -> str:
+    """Where ansible-playbook finds gpufleet.mps: make's tree (ANSIBLE_COLLECTIONS_PATH), else this checkout's, copied
+    into ``work`` (a test run directly, without make)."""
+    given = os.environ.get('ANSIBLE_COLLECTIONS_PATH', '')
+    if given and os.path.isdir(os.path.join(given, 'ansible_collections', 'gpufleet', 'mps')):
+        return given
+    tree = os.path.join(work, 'collections')
+    subprocess.run([os.path.join(REPO, 'hacking', 'collection-tree.sh'), tree], cwd=REPO, check=True, capture_output=True)
+    return tree
