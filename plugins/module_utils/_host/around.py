@@ -16,7 +16,8 @@ from .._errors import InvalidParameterError
 from .._io import atomic_write, ensure_dir, read_text, remove
 from .._observe.snapshot import HostSeen, file_mode
 from .._outcome import Outcome
-from .._supervisor.health import HEALTH_NAME, METRICS_FILE, render_health
+from .._supervisor.health import HEALTH_NAME, render_health
+from .._supervisor.metrics import METRICS_FILE
 from .._supervisor.logrotate import render_logrotate
 from .._supervisor.slurm import MANAGED as SLURM_MANAGED, render_gres_conf, render_task_prolog
 from .._supervisor.unit import Systemctl

@@ -7,7 +7,8 @@ import os
 
 from ansible_collections.gpufleet.mps.plugins.module_utils._host.around import Around
 from ansible_collections.gpufleet.mps.plugins.module_utils._outcome import Outcome
-from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.health import METRICS_FILE, render_health
+from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.health import render_health
+from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.metrics import METRICS_FILE
 
 
 class Systemctl:

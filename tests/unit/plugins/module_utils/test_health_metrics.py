@@ -30,13 +30,8 @@ import pytest
 from ansible_collections.gpufleet.mps.plugins.module_utils import _gpus
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import MpsError
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import config_paths, resource_paths
-from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.health import (
-    ERROR_REASONS,
-    METRICS,
-    METRICS_FILE,
-    label_value,
-    render_health,
-)
+from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.health import render_health
+from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.metrics import ERROR_REASONS, METRICS, METRICS_FILE, label_value
 from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.liveness import inspect
 from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.process import daemon_env
 from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.unit import render_env, unit_environment
