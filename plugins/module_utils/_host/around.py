@@ -16,6 +16,7 @@ from .._errors import InvalidParameterError
 from .._io import atomic_write, ensure_dir, read_text, remove
 from .._observe.snapshot import HostSeen, file_mode
 from .._outcome import Outcome
+from .._resource.layout import resource_paths
 from .._supervisor.health import HEALTH_NAME, render_health
 from .._supervisor.metrics import METRICS_FILE
 from .._supervisor.logrotate import render_logrotate
@@ -87,8 +88,16 @@ class Around:
         return (list(self._health_files()) + [self._drop_in()] + [path for path in [self._fact()] if path]
                 + self._slurm_files())
 
-    def slurm(self, out: Outcome, resources: t.Optional[t.List[t.Dict[str, t.Any]]]) -> None:
-        """Slurm's TaskProlog and gres.conf from the listed resources (``resources``: None when the hook is not wanted).
+    def _slurm_resources(self, plans: t.Sequence[t.Any]) -> t.List[t.Dict[str, t.Any]]:
+        """The listed resources (_host.plan.ResourcePlan) as the Slurm hook renders them: their directories and GPUs in the
+        daemon's order; resources on MIG devices left out (Slurm describes MIG devices itself)."""
+        return [{'name': plan.name, 'pipe_dir': resource_paths(self.root, plan.name).pipe_dir,
+                 'log_dir': resource_paths(self.root, plan.name).log_dir,
+                 'devices': [{'index': gpu.index, 'uuid': gpu.uuid, 'memory_total_mib': gpu.memory_total_mib} for gpu in plan.devices]}
+                for plan in plans if not any(gpu.is_mig for gpu in plan.devices)]
+
+    def slurm(self, out: Outcome, plans: t.Optional[t.Sequence[t.Any]]) -> None:
+        """Slurm's TaskProlog and gres.conf from the listed resources (``plans``: None when the hook is not wanted).
 
         Without the hook (or at teardown) a file at those paths is removed only when this collection wrote it (its
         header says so): an administrator's own gres.conf is never touched.
@@ -101,6 +110,7 @@ class Around:
 
         def ours(text: str) -> bool:
             return any(SLURM_MANAGED in line for line in text.split('\n')[:3])
+        resources = self._slurm_resources(plans) if plans is not None else None
         if resources is not None:
             for param, path in (('slurm_task_prolog', prolog), ('slurm_gres_conf', gres)):
                 text = current(path) if path else None

@@ -257,14 +257,6 @@ class HostManager:
         body.warnings += self._pending_warning(listed)
         return self._order(body, listed, absent)
 
-    @staticmethod
-    def _slurm_resources(listed: t.List[_Resource]) -> t.List[t.Dict[str, t.Any]]:
-        """The listed resources as the Slurm hook renders them: directories, and GPUs in the daemon's order."""
-        return [{'name': res.name, 'pipe_dir': res.setup.paths.pipe_dir, 'log_dir': res.setup.paths.log_dir,
-                 'devices': [{'index': gpu.index, 'uuid': gpu.uuid, 'memory_total_mib': gpu.memory_total_mib}
-                             for gpu in res.plan.devices]}
-                for res in listed if res.plan is not None and not any(gpu.is_mig for gpu in res.plan.devices)]
-
     def _order(self, body: HostOutcome, listed: t.List[_Resource], absent: bool) -> HostOutcome:
         """Waits first, then the ready mark withdrawn if anything goes down, the body, the files around, the mark last."""
         out = HostOutcome(removed=body.removed, warnings=list(body.warnings))
@@ -279,7 +271,7 @@ class HostManager:
         if not absent:
             self.around.health(tail, bool(listed))
         self.around.logrotate(tail, not absent)
-        self.around.slurm(tail, self._slurm_resources(listed) if not absent and self.params['slurm_hook'] else None)
+        self.around.slurm(tail, [res.plan for res in listed if res.plan] if not absent and self.params['slurm_hook'] else None)
         if not absent and self.params['local_facts']:
             out.facts = local_facts([res.plan.as_dict() for res in listed if res.plan], [planned_resource(res) for res in listed],
                                     [gpu.facts() for gpu in self.nvml.gpus()], self.root)
@@ -327,11 +319,8 @@ class HostManager:
         running = not assume_stopped and res.seen is not None and res.seen.state.running
         manager = LimitsManager(res.setup.paths, res.setup.config, res.setup.daemon if running else None, self.nvml.gpus(),
                                 self.check_mode, seen=None if assume_stopped else res.seen, files=self.seen)
-        manager.exact = True
-        manager.oversubscribe = plan.oversubscribe
-        manager.client_priority = plan.client_priority
+        manager.follow(plan)
         manager.prober = res.setup.daemon
-        manager.planned = list(plan.devices)
         manager.assume_stopped = assume_stopped
         manager.start_follows = True
         return manager

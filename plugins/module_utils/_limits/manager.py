@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from .._options import RUNNING_SERVERS_CHOICES
 from .._errors import DeviceSelectionError, InvalidParameterError, MpsError
 from .._outcome import Outcome
-from .._protocol.commands import GET_DEFAULT_PRIORITY, PRIORITY_NAMES, SET_DEFAULT_PRIORITY, check_applied
+from .._protocol.commands import PRIORITY_NAMES, SET_DEFAULT_PRIORITY, check_applied
 from .._protocol.state import read_state
 from .._resource.lock import resource_lock
 from .._supervisor.liveness import DaemonState, inspect
@@ -37,6 +37,7 @@ from .model import (
     replica_warnings,
 )
 from .decide import LimitsSeen, ServerLimits, decide_limits
+from .priority import PriorityCheck
 from .store import persist, read_persisted, write_replay
 from .._resource.layout import ConfigPaths, ResourcePaths, managed_dirs
 from .._selectors import resolve_devices
@@ -67,7 +68,7 @@ class LimitsOutcome(Outcome):
     replay_for: t.Optional[t.List[str]] = None
 
 
-class LimitsManager:
+class LimitsManager(PriorityCheck):
     """Limits of one resource."""
 
     def __init__(self, paths: ResourcePaths, config: ConfigPaths, daemon: t.Optional[Daemon], gpus: t.Sequence[Gpu],
@@ -105,6 +106,13 @@ class LimitsManager:
         # Whose binary's help says whether it has client priority, where no running daemon answered (mps_host gives the
         # resource's daemon even when it is not running yet); None: self.daemon.
         self.prober: t.Optional[Daemon] = None
+
+    def follow(self, plan: t.Any) -> None:
+        """Manage the limits as a host plan's resource entry (_host.plan.ResourcePlan) says, declaratively (mps_host)."""
+        self.exact = True
+        self.oversubscribe = plan.oversubscribe
+        self.client_priority = plan.client_priority
+        self.planned = list(plan.devices)
 
     # --- what the daemon has ----------------------------------------------------------------------
     def scope(self, create: bool) -> t.Tuple[t.List[Gpu], bool, t.Optional[int]]:
@@ -212,23 +220,6 @@ class LimitsManager:
         elif self.client_priority is not None and self.host_seen is not None:
             self._offers(SET_DEFAULT_PRIORITY, observing=True)
 
-    def _offers(self, command_word: str, observing: bool = False) -> t.Tuple[t.Optional[bool], str]:
-        """(whether the control binary's help lists ``command_word``, the binary); (None, '') without one to ask.
-
-        Observed once per run and binary (a host plan asks in its observe stage; read later, it is named in unobserved).
-        """
-        prober = self.prober or self.daemon
-        if prober is None:
-            return None, ''
-        key = (prober.binary, command_word)
-        if self.host_seen is None:
-            return prober.offers(command_word), prober.binary
-        if key not in self.host_seen.offered:
-            if not observing:  # a host plan's decide stage: its observe stage should have asked
-                self.host_seen.unobserved.append('the help text of %s' % prober.binary)
-            self.host_seen.offered[key] = prober.offers(command_word)
-        return self.host_seen.offered[key], prober.binary
-
     @staticmethod
     def _as_read(readout: t.Any) -> t.Tuple[t.Optional[float], t.Dict[int, t.Optional[str]], t.List[ServerLimits], t.Any]:
         servers = [ServerLimits(server.pid, server.active_thread_percentage, dict(enumerate(server.pinned_device_mem_limit)))
@@ -319,30 +310,6 @@ class LimitsManager:
                 out.msg += '; %d running server(s) keep other limits until they restart (pending)' % len(out.pending)
         out.ui_processes = self.daemon.client.processes if self.daemon else 0
         return out
-
-    def _check_priority_offered(self, wanted: Limits, seen: LimitsSeen) -> None:
-        """A client priority is refused, before anything changes, where the control binary has none.
-
-        A running daemon has already said (its answer to get_default_client_priority, in the one read); for a daemon not
-        running the binary's help text is read, once, only when a priority is wanted.
-        """
-        if wanted.client_priority is None:
-            return
-        if seen.running:
-            if seen.priority is not None:
-                return
-            why = 'its MPS control daemon answered %r to %s' % (seen.priority_text or '(nothing)', GET_DEFAULT_PRIORITY)
-        else:
-            readout = self.host_seen.readouts.get(self.paths.name) if self.host_seen is not None else None
-            if readout is not None and readout[1].default_priority is not None:
-                return  # the daemon this plan restarts answered a priority when it was observed
-            offered, binary = self._offers(SET_DEFAULT_PRIORITY)
-            if offered is not False:
-                return  # offered, or the help is unreadable: the start's replay checks the daemon's answer
-            why = 'the help text of %s lists no %s' % (binary, SET_DEFAULT_PRIORITY)
-        raise InvalidParameterError('client_priority', 'the control binary of %s has no client priority (%s); it needs a driver '
-                                    'whose nvidia-cuda-mps-control offers set_default_client_priority (r580 does), or leave '
-                                    'client_priority unset' % (self.paths.name, why))
 
     def _observed(self, path: str) -> t.Optional[t.Tuple[t.Optional[str], t.Optional[int]]]:
         """The file as the host plan observed it (None: read it when asked)."""

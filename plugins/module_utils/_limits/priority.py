@@ -1,0 +1,66 @@
+# Copyright: gpufleet.mps contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Of :class:`.manager.LimitsManager`: whether the control binary has client priority, asked once, before anything changes.
+
+A running daemon has already said (its answer to ``get_default_client_priority``, in the one read of its state); for a
+daemon not running the binary's help text is read, once per run and binary, and only when a priority is wanted.
+"""
+
+from __future__ import annotations
+
+import typing as t
+
+from .._errors import InvalidParameterError
+from .._protocol.commands import GET_DEFAULT_PRIORITY, SET_DEFAULT_PRIORITY
+from .decide import LimitsSeen
+from .model import Limits
+
+
+class PriorityCheck:
+    """Needs the manager's ``paths``, ``daemon``, ``prober`` and ``host_seen``."""
+
+    paths: t.Any
+    daemon: t.Any
+    prober: t.Any
+    host_seen: t.Any
+
+    def _offers(self, command_word: str, observing: bool = False) -> t.Tuple[t.Optional[bool], str]:
+        """(whether the control binary's help lists ``command_word``, the binary); (None, '') without one to ask.
+
+        Observed once per run and binary (a host plan asks in its observe stage; read later, it is named in unobserved).
+        """
+        prober = self.prober or self.daemon
+        if prober is None:
+            return None, ''
+        key = (prober.binary, command_word)
+        if self.host_seen is None:
+            return prober.offers(command_word), prober.binary
+        if key not in self.host_seen.offered:
+            if not observing:  # a host plan's decide stage: its observe stage should have asked
+                self.host_seen.unobserved.append('the help text of %s' % prober.binary)
+            self.host_seen.offered[key] = prober.offers(command_word)
+        return self.host_seen.offered[key], prober.binary
+
+    def _check_priority_offered(self, wanted: Limits, seen: LimitsSeen) -> None:
+        """A client priority is refused, before anything changes, where the control binary has none.
+
+        A running daemon has already said (its answer to get_default_client_priority, in the one read); for a daemon not
+        running the binary's help text is read, once, only when a priority is wanted.
+        """
+        if wanted.client_priority is None:
+            return
+        if seen.running:
+            if seen.priority is not None:
+                return
+            why = 'its MPS control daemon answered %r to %s' % (seen.priority_text or '(nothing)', GET_DEFAULT_PRIORITY)
+        else:
+            readout = self.host_seen.readouts.get(self.paths.name) if self.host_seen is not None else None
+            if readout is not None and readout[1].default_priority is not None:
+                return  # the daemon this plan restarts answered a priority when it was observed
+            offered, binary = self._offers(SET_DEFAULT_PRIORITY)
+            if offered is not False:
+                return  # offered, or the help is unreadable: the start's replay checks the daemon's answer
+            why = 'the help text of %s lists no %s' % (binary, SET_DEFAULT_PRIORITY)
+        raise InvalidParameterError('client_priority', 'the control binary of %s has no client priority (%s); it needs a driver '
+                                    'whose nvidia-cuda-mps-control offers set_default_client_priority (r580 does), or leave '
+                                    'client_priority unset' % (self.paths.name, why))
