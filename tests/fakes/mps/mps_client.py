@@ -25,7 +25,8 @@ Options:
 
 Environment read like a CUDA client: CUDA_MPS_PIPE_DIRECTORY,
 CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (both may only
-lower what the server hands out).  And the simulator's FAKE_MPS_SHM: ``check`` (the
+lower what the server hands out), CUDA_MPS_SM_PARTITION (a static partitioning
+daemon's clients must set it).  And the simulator's FAKE_MPS_SHM: ``check`` (the
 default) makes the client, once the daemon named its server, look for the server's
 ``/dev/shm/mps-sim-server.<server pid>`` in its OWN mount namespace, as a real client
 must map the server's shared memory; missing: CUDA_ERROR_MPS_CONNECTION_FAILED.
@@ -169,7 +170,8 @@ def main(argv: list[str]) -> int:
     # argv0: what r580's ps shows as COMMAND (the interpreter's path for a python client, gpu-evidence probe.txt)
     hello = {'type': 'client', 'devices': devices, 'cmdline': cmdline, 'argv0': argv[0] if argv else '',
              'env_pct': os.environ.get('CUDA_MPS_ACTIVE_THREAD_PERCENTAGE'),
-             'env_mem': os.environ.get('CUDA_MPS_PINNED_DEVICE_MEM_LIMIT')}
+             'env_mem': os.environ.get('CUDA_MPS_PINNED_DEVICE_MEM_LIMIT'),
+             'sm_partition': os.environ.get('CUDA_MPS_SM_PARTITION')}
     try:
         sock.send(json.dumps(hello).encode())
     except OSError as exc:

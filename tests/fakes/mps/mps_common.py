@@ -69,6 +69,9 @@ SWITCHES: dict[str, tuple[str, tuple[str, ...]]] = {
     'FAKE_MPS_FAULT_UI': ('none', ('none', 'garbage', 'crash')),
     'FAKE_MPS_FAULT_KILL_ON': ('', ()),  # a UI command name (mps_daemon.UI_COMMANDS); empty = off
     'FAKE_MPS_SHM': ('check', ('check', 'off')),
+    # lspart's layout (binary 13010 and later, not recorded): NVIDIA's documented example ('docs', '-' placeholders) or
+    # the five-number rows client code parses ('code')
+    'FAKE_MPS_LSPART': ('code', ('code', 'docs')),
     # read by each mps_client.py process (it keeps its own copy of the values: it stands alone)
     'FAKE_MPS_CLIENT_ON_SERVER_LOSS': ('lives', ('lives', 'exits')),
 }

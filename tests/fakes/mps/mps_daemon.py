@@ -39,6 +39,7 @@ from mps_common import (  # noqa: E402  pylint: disable=wrong-import-position
     ALREADY_RUNNING, CONTROL, CONTROL_LOCK, CONTROL_PRIVILEGED, LOG_FIFO, MAX_SERVER_START_ATTEMPTS, MSG_MAX, NO_LOGS, NO_PIPE_DIR,
     PID_FILE, SUN_PATH_MAX, DEFAULT_LOG_DIR, DEFAULT_PIPE_DIR, SwitchError, quit_removes, recv_msg, send_msg, switch,
 )
+from mps_partitions import Partition, StaticPartitions, supported as partitions_supported  # noqa: E402  pylint: disable=wrong-import-position
 
 # --------------------------------------------------------------------------
 # GPUs: the [gpuN] sections of FAKE_NVML_CONFIG, filtered by CUDA_VISIBLE_DEVICES
@@ -315,6 +316,8 @@ R580_TEXTS: dict[str, str] = {
 # name -> Daemon method; the one list of the UI's commands (FAKE_MPS_FAULT_KILL_ON is checked against it)
 # What a binary without client priority (FAKE_MPS_CLIENT_PRIORITY=missing) does not know.
 PRIORITY_COMMANDS = ('set_default_client_priority', 'get_default_client_priority')
+# What a binary before 13010 (CUDA 13.1) does not know.
+PARTITION_COMMANDS = ('sm_partition', 'lspart')
 UI_COMMANDS: dict[str, str] = {
     'get_server_list': 'cmd_get_server_list',
     'get_server_status': 'cmd_get_server_status',
@@ -335,6 +338,9 @@ UI_COMMANDS: dict[str, str] = {
     'terminate_client': 'cmd_terminate_client',
     'ps': 'cmd_ps',
     'get_device_client_list': 'cmd_get_device_client_list',
+    # static SM partitions: binary 13010 (CUDA 13.1) and later only (mps_partitions.py, inferred)
+    'sm_partition': 'cmd_sm_partition',
+    'lspart': 'cmd_lspart',
     # simulator-only commands (never sent by the collection; see README.md)
     'sim_devices': 'cmd_sim_devices',
     'sim_state': 'cmd_sim_state',
@@ -410,6 +416,7 @@ class DaemonConfig:  # pylint: disable=too-many-instance-attributes
     fault_quit_hang: bool
     fault_kill_on: str
     shm: str
+    lspart: str
 
     def __init__(self, **values: object) -> None:
         self.__dict__.update(values)
@@ -465,6 +472,7 @@ class DaemonConfig:  # pylint: disable=too-many-instance-attributes
             fault_quit_hang=switch('FAKE_MPS_FAULT_QUIT_HANG', env) == '1',
             fault_kill_on=kill_on,
             shm=switch('FAKE_MPS_SHM', env),
+            lspart=switch('FAKE_MPS_LSPART', env),
         )
 
 
@@ -505,6 +513,7 @@ class ClientRec:  # pylint: disable=too-many-instance-attributes,too-few-public-
         self.pct = 100.0
         self.mem: dict[int, Optional[int]] = {}
         self.priority = 0
+        self.partition: Optional[Partition] = None  # its CUDA_MPS_SM_PARTITION on a static daemon
 
 
 class ServerRec:  # pylint: disable=too-many-instance-attributes,too-few-public-methods
@@ -527,12 +536,15 @@ class ServerRec:  # pylint: disable=too-many-instance-attributes,too-few-public-
         self.exited = False
 
 
-class Daemon:
+class Daemon(StaticPartitions):
     """The control daemon: sockets, lock, logs, servers, clients, UI commands."""
 
-    def __init__(self, cfg: DaemonConfig, multiuser: bool, foreground: bool) -> None:
+    def __init__(self, cfg: DaemonConfig, multiuser: bool, foreground: bool, static: bool = False) -> None:
         self.cfg = cfg
         self.multiuser = multiuser
+        # -S: static SM partitions (mps_partitions.py)
+        self.static = static
+        self.partitions: list[Partition] = []
         self.foreground = foreground
         self.pid = os.getpid()
         self.lock = threading.RLock()
@@ -565,11 +577,13 @@ class Daemon:
         self.replied = threading.Condition()
         self.commands: dict[str, Callable[[list[str], bool], Optional[str]]] = {
             name: getattr(self, method) for name, method in UI_COMMANDS.items()
-            if cfg.client_priority == 'supported' or name not in PRIORITY_COMMANDS}
+            if (cfg.client_priority == 'supported' or name not in PRIORITY_COMMANDS)
+            and (partitions_supported(cfg.cuda_version) or name not in PARTITION_COMMANDS)}
         self.privileged_commands = {
             'start_server', 'shutdown_server', 'quit', 'terminate_client', 'sim_fault_server',
             'set_default_active_thread_percentage', 'set_active_thread_percentage',
             'set_default_device_pinned_mem_limit', 'set_device_pinned_mem_limit', 'set_default_client_priority',
+            'sm_partition',
         }
 
     # ---------------------------------------------------------------- paths, logs
@@ -1261,6 +1275,8 @@ class Daemon:
                                       'active_thread_percentage': c.pct, 'pinned_mem_limit_mib': mem_json(c.mem)} for c in s.clients]}
                         for s in self._alive_servers()],
             'pending': [c.pid for c in self.pending],
+            'static_partitioning': self.static,
+            'partitions': [{'id': p.value, 'chunks': p.chunks, 'sms': p.sms, 'clients': sorted(p.clients)} for p in self.partitions],
         }
         return json.dumps(state, sort_keys=True)
 
@@ -1422,6 +1438,12 @@ class Daemon:
                 send_msg(conn, {'ok': False, 'error': 'CUDA_ERROR_NO_DEVICE' if ndev == 0 else 'CUDA_ERROR_INVALID_DEVICE', 'message': reason})
                 return
             client.devices = sorted(set(devices))
+            client.partition, why = self.client_partition(hello.get('sm_partition'), client.devices)
+            if why:
+                # "Failure to do so will result in context creation failing with CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION"
+                self.log(f'{who}: {why}')
+                send_msg(conn, {'ok': False, 'error': 'CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION', 'message': why})
+                return
             if self.quitting:
                 self.log(f'{who}: daemon is shutting down')
                 send_msg(conn, {'ok': False, 'error': 'CUDA_ERROR_MPS_CONNECTION_FAILED', 'message': 'the MPS control daemon is shutting down'})
@@ -1465,6 +1487,8 @@ class Daemon:
         client.context_id = srv.next_context
         srv.next_context += 1
         client.priority = srv.priority
+        if client.partition is not None:
+            client.partition.clients.add(client.pid)
         client.mem = {ordinal: None for ordinal in client.devices}
         if self.legacy:  # limits are Volta features: a legacy server applies none
             client.pct = 100.0
@@ -1481,6 +1505,8 @@ class Daemon:
             'ok': True, 'client_pid': client.pid, 'client_uid': client.uid, 'server_pid': srv.pid, 'uid': srv.uid,
             'context_id': client.context_id, 'active_thread_percentage': client.pct, 'client_priority': client.priority,
             'pinned_mem_limit_mib': {str(k): v for k, v in client.mem.items()},
+            'sm_partition': client.partition.value if client.partition else None,
+            'sms': client.partition.sms if client.partition else None,
             'devices': [{'ordinal': i, 'uuid': self.cfg.gpus[i].uuid, 'name': self.cfg.gpus[i].name} for i in client.devices],
         }
         if not send_msg(client.conn, reply):
@@ -1489,6 +1515,8 @@ class Daemon:
     def _detach(self, client: ClientRec) -> None:
         srv = client.server
         client.state = 'gone'
+        if client.partition is not None:
+            client.partition.clients.discard(client.pid)
         if srv is not None and client in srv.clients:
             srv.clients.remove(client)
             if srv.conn is not None:
@@ -1566,8 +1594,8 @@ def _pid_namespace(pid: int) -> str:
 # Daemon start: -d / -f
 # --------------------------------------------------------------------------
 
-def start_daemon(foreground: bool, multiuser: bool) -> int:
-    """``-d`` (parent exits 0 once the daemon listens) or ``-f``."""
+def start_daemon(foreground: bool, multiuser: bool, static: bool = False) -> int:
+    """``-d`` (parent exits 0 once the daemon listens) or ``-f``; ``static``: ``-S``."""
     try:
         cfg = DaemonConfig.from_env()
     except SwitchError as exc:
@@ -1583,7 +1611,7 @@ def start_daemon(foreground: bool, multiuser: bool) -> int:
     # modules find foreign daemons by these (argv[0] stays the interpreter's: README.md).
     _set_process_name(b'nvidia-cuda-mps')
     if foreground:
-        daemon = Daemon(cfg, multiuser, foreground=True)
+        daemon = Daemon(cfg, multiuser, foreground=True, static=static)
         code, message = daemon.setup()
         if message:
             print(message, flush=True)
@@ -1598,7 +1626,7 @@ def start_daemon(foreground: bool, multiuser: bool) -> int:
         os.setsid()
         if os.fork() != 0:
             os._exit(0)  # pylint: disable=protected-access
-        _become_daemon(cfg, multiuser, write_fd)
+        _become_daemon(cfg, multiuser, write_fd, static)
     os.close(write_fd)
     os.waitpid(child, 0)
     data = b''
@@ -1626,7 +1654,7 @@ def _set_process_name(name: bytes) -> None:
         pass
 
 
-def _become_daemon(cfg: DaemonConfig, multiuser: bool, write_fd: int) -> None:
+def _become_daemon(cfg: DaemonConfig, multiuser: bool, write_fd: int, static: bool = False) -> None:
     """The grandchild of ``-d``: stdio to /dev/null, set up, report to the parent, serve."""
     code = 1
     try:
@@ -1639,7 +1667,7 @@ def _become_daemon(cfg: DaemonConfig, multiuser: bool, write_fd: int) -> None:
         # nothing inherited stays open (a caller's pipe would never see EOF), but the report pipe
         os.closerange(3, write_fd)
         os.closerange(write_fd + 1, os.sysconf('SC_OPEN_MAX'))
-        daemon = Daemon(cfg, multiuser, foreground=False)
+        daemon = Daemon(cfg, multiuser, foreground=False, static=static)
         code, message = daemon.setup()
         os.write(write_fd, json.dumps({'rc': code, 'message': message}).encode())
         os.close(write_fd)

@@ -24,6 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from mps_common import (  # noqa: E402  pylint: disable=wrong-import-position
     CONTROL, DEFAULT_PIPE_DIR, NO_DAEMON, SUN_PATH_MAX, SwitchError, recv_msg, send_msg, switch,
 )
+import mps_partitions  # noqa: E402  pylint: disable=wrong-import-position
 
 # FAKE_MPS_USAGE=short: the simulator's own usage text (its answer before r580 was recorded)
 USAGE = """Usage: nvidia-cuda-mps-control [-d | -f] [-multiuser-server]
@@ -157,11 +158,26 @@ def run_ui() -> int:
     return dropped_rc if answered < len(commands) else 0
 
 
+def binary_version() -> str:
+    """The simulated binary's version: NVML's CUDA driver version of FAKE_NVML_CONFIG (13000 on r580), '0' when unknown."""
+    import mps_daemon  # pylint: disable=import-outside-toplevel
+    return mps_daemon.driver_versions(mps_daemon.read_config(os.environ.get('FAKE_NVML_CONFIG') or None))[1]
+
+
+def static_options() -> dict[str, str]:
+    """The options of static partitioning, where the binary has them (13010 and later; inferred, mps_partitions.py)."""
+    if not mps_partitions.supported(binary_version()):
+        return {}
+    return {'-S': '-S', '--static-partitioning': '-S', '-v': 'version', '--version': 'version'}
+
+
 def r580_help() -> str:
-    """r580's help text; without its client priority commands where the binary has none (FAKE_MPS_CLIENT_PRIORITY)."""
+    """r580's help text; without its client priority commands where the binary has none (FAKE_MPS_CLIENT_PRIORITY);
+    with the options and commands of static partitioning where it has them (binary 13010 and later)."""
+    base = mps_partitions.with_help(R580_HELP) if static_options() else R580_HELP
     if switch('FAKE_MPS_CLIENT_PRIORITY') == 'supported':
-        return R580_HELP
-    lines = R580_HELP.split('\n')
+        return base
+    lines = base.split('\n')
     drop = {n for n, line in enumerate(lines) if line.strip().startswith(('set_default_client_priority', 'get_default_client_priority'))}
     return '\n'.join(line for n, line in enumerate(lines) if n not in drop and n - 1 not in drop)
 
@@ -173,8 +189,13 @@ def r580_options(args: list[str]) -> tuple[Optional[int], list[str]]:
     nothing started (gpu-evidence probe2.txt). ``-q`` is accepted and does nothing here.
     """
     words = []
+    known = dict(R580_OPTIONS, **static_options())
     for arg in args:
-        word = R580_OPTIONS.get(arg)
+        word = known.get(arg)
+        if word == 'version':
+            sys.stdout.write(mps_partitions.version_text(binary_version()))
+            sys.stdout.flush()
+            return 0, []
         if word == 'help' or (word is None and arg.startswith('-')):
             out = sys.stdout.buffer
             if word is None:
@@ -204,15 +225,17 @@ def main(argv: list[str]) -> int:
     elif any(a in ('-h', '--help', '-help') for a in args):
         print(USAGE, flush=True)
         return 0
+    else:
+        args = [static_options().get(a, a) if static_options().get(a) == '-S' else a for a in args]
     # not recorded on r580 (a command word, -d with -f, an option twice, -M alone): the help text, exit 1
-    known = {'-d', '-f', '-multiuser-server'}
+    known = {'-d', '-f', '-multiuser-server'} | ({'-S'} if static_options() else set())
     background, foreground = '-d' in args, '-f' in args
     if any(a not in known for a in args) or len(set(args)) != len(args) or background == foreground:
         sys.stdout.write(usage)
         sys.stdout.flush()
         return 1
     import mps_daemon  # pylint: disable=import-outside-toplevel  # the UI stays light
-    return mps_daemon.start_daemon(foreground, '-multiuser-server' in args)
+    return mps_daemon.start_daemon(foreground, '-multiuser-server' in args, '-S' in args)
 
 
 if __name__ == '__main__':
