@@ -27,6 +27,7 @@ from ._resource.record import StartRecord, read_record
 from ._proc import child_pids, daemon_dev_shm, process_uid
 from ._container import with_engine
 from ._limits.model import Limits, slice_env
+from ._limits.partitions import partitions_view
 from ._limits.store import persisted_facts, read_persisted
 from ._resource.layout import (
     DEFAULT_CONTAINER_ROOT,
@@ -38,7 +39,7 @@ from ._resource.layout import (
     validate_root,
 )
 from ._observe.scan import foreign_daemons, gpu_claims, scan_config, scan_resources
-from ._observe.readout import Readout, limit_differences, parse_daemon_replies
+from ._observe.readout import Readout, limit_differences, parse_daemon_replies, partition_differences
 from ._tmpfs import current_state
 
 GATHER_CHOICES = ('gpus', 'daemons', 'servers')
@@ -257,6 +258,9 @@ class Collector:
             'limits': {'reported': None, 'persisted': persisted_facts(persisted), 'differences': []},
             'shm': record.shm,
             'container': None,
+            # Started with -S (null without a record), and its partitions as lspart lists them (null: none read)
+            'static_partitioning': record.static_partitioning if found else None,
+            'sm_partitions': None,
         }
         # What the daemon really sees beats the record, which /run loses at boot.
         seen = daemon_dev_shm(state.pid, paths.shm_dir) if state.running and state.pid else None
@@ -298,14 +302,14 @@ class Collector:
         if blocked:
             self.warnings.append('%s cannot be traversed by other users: MPS clients of %s that do not run as root '
                                  'fail to connect (chmod o+x, or run clients as root)' % (', '.join(blocked), paths.name))
-        self._ask(paths, state.pid, uuids, persisted, facts)
+        self._ask(paths, state.pid, uuids, persisted, facts, record.static_partitioning)
         return facts
 
     def _ask(self, paths: ResourcePaths, pid: t.Optional[int], uuids: t.Sequence[str], persisted: t.Optional[Limits],
-             facts: t.Dict[str, t.Any]) -> None:
+             facts: t.Dict[str, t.Any], static: bool = False) -> None:
         """One UI process for everything the daemon can tell; a silent or broken daemon is reported, not raised."""
         candidates = child_pids(pid) if pid and 'servers' in self.request.gather else []
-        readout, error = self._readout(paths, uuids, candidates)
+        readout, error = self._readout(paths, uuids, candidates, static)
         if readout is None:
             facts['error'] = error
             self.warnings.append('the MPS control daemon of %s (pid %s) runs but could not be asked: %s' % (
@@ -318,12 +322,17 @@ class Collector:
         if 'servers' in facts:
             facts['servers'] = readout.servers
         differences = limit_differences(persisted, readout.default_percentage, mem, uuids, readout.default_priority)
+        if static:
+            facts['sm_partitions'] = partitions_view(readout.partitions)
+            differences += partition_differences(persisted, readout.partitions, uuids)
+            if facts['container'] is not None:  # what a client of the daemon sets to take one of them
+                facts['container']['sm_partitions'] = [part['id'] for part in facts['sm_partitions'] or []]
         facts['limits']['differences'] = differences
         if differences:
             self.warnings.append('the limits of the MPS control daemon of %s differ from the persisted ones: %s' % (
                 paths.name, '; '.join(differences)))
 
-    def _readout(self, paths: ResourcePaths, uuids: t.Sequence[str], candidates: t.Sequence[int]
+    def _readout(self, paths: ResourcePaths, uuids: t.Sequence[str], candidates: t.Sequence[int], static: bool = False
                  ) -> t.Tuple[t.Optional[Readout], t.Optional[str]]:
         """(what the daemon reported, None), or (None, why it could not be asked)."""
         if not self.request.control_binary:
@@ -331,10 +340,10 @@ class Collector:
         client = ControlClient(self.request.control_binary, paths.pipe_dir, timeout=self.request.timeout, log_dir=paths.log_dir)
         try:
             try:
-                replies = client.batch(state_commands(len(uuids), candidates))
+                replies = client.batch(state_commands(len(uuids), candidates, static))
             finally:
                 self.ui_processes += client.processes
-            return parse_daemon_replies(replies, len(uuids), candidates, uuids, self.uid_of), None
+            return parse_daemon_replies(replies, len(uuids), candidates, uuids, self.uid_of, static), None
         except DaemonTimeoutError:
             return None, 'accepted the connection but did not answer within %ss (see %s)' % (
                 _seconds(self.request.timeout), os.path.join(paths.log_dir, 'control.log'))

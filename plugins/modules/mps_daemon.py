@@ -220,6 +220,10 @@ notes:
   - Needs root to change compute modes and to write under the default directories.
   - Clients reach the daemon with the returned RV(env). A parent of the pipe directory that other users cannot
     traverse makes non-root clients fail; the module warns about it.
+  - A resource whose persisted limits hold static SM partitions (M(gpufleet.mps.mps_limits) O(gpufleet.mps.mps_limits#module:sm_partitions))
+    is started with C(-S), as its start record says; a running daemon started otherwise (or with C(-S) when the partitions
+    are gone) is restarted, O(busy) deciding about its clients. A control binary without static partitioning (its help
+    text lists no C(sm_partition); r580) is refused before anything is stopped or started.
 seealso:
   - module: gpufleet.mps.mps_limits
 author:

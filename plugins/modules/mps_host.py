@@ -117,6 +117,16 @@ options:
           - Refused before anything changes where the control binary has no client priority.
         type: str
         version_added: 0.2.0
+      sm_partitions:
+        description:
+          - Static SM partitions, in chunks, that each of the resource's GPUs gets (CUDA 13.1 and later, Ampere and newer);
+            see M(gpufleet.mps.mps_limits)'s O(gpufleet.mps.mps_limits#module:sm_partitions). The daemon then runs with
+            C(-S); one started without it is restarted (under O(busy)), and one whose list became empty is restarted
+            without it. A partition of a listed size is kept, others are created and removed in place - one with
+            clients is refused, before anything changes. Not given - none.
+        type: list
+        elements: int
+        version_added: 0.2.0
   prune:
     description: Remove the resources under O(root) (or with files in O(config_dir)) that O(resources) does not list.
     type: bool
@@ -481,6 +491,7 @@ def argument_spec():
             replicas=dict(type='raw'),
             oversubscribe=dict(type='bool', default=False),
             client_priority=dict(type='str'),
+            sm_partitions=dict(type='list', elements='int'),
         )),
         prune=dict(type='bool', default=True),
         orphans=dict(type='str', choices=['refuse', 'stop'], default='refuse'),

@@ -419,6 +419,26 @@ daemons:
       type: str
       sample: 580.159.04
       version_added: 0.2.0
+    static_partitioning:
+      description:
+        - Whether the daemon was started with C(-S) (static SM partitioning, CUDA 13.1 and later), as recorded - it is,
+          where its persisted limits hold C(sm_partitions); null without a record.
+      type: bool
+      sample: false
+      version_added: 0.2.0
+    sm_partitions:
+      description:
+        - The static SM partitions of a running daemon started with C(-S), as C(lspart) lists them (asked in the same
+          control batch, only of such a daemon) - per partition its C(device) (UUID), C(id) (what a client sets as
+          C(CUDA_MPS_SM_PARTITION); new at every start of the daemon), C(chunks), C(sms) and C(in_use) (it has clients).
+          The container view's C(sm_partitions) lists the same ids.
+        - Null for a daemon without C(-S), one not running, or one that did not answer.
+        - Inferred from NVIDIA's documentation and client code; not yet checked against a real CUDA 13.1 binary.
+      type: list
+      elements: dict
+      sample: [{device: GPU-a8aa752d-52a7-47f6-ab1d-d3295872ad6b, id: GPU-a8aa752d-52a7-47f6-ab1d-d3295872ad6b/Dx4AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA,
+                chunks: 8, sms: 64, in_use: true}]
+      version_added: 0.2.0
     devices:
       description:
         - The daemon's GPUs from its start record, in its device ordinal order, with their host index (null when the GPU
@@ -454,14 +474,16 @@ daemons:
         persisted:
           description:
             - The limits persisted for the resource in O(config_dir) (pinned memory in MiB per GPU UUID, or C(*) for
-              every GPU; C(client_priority) V(normal), V(below_normal) or null when not managed); null when none are.
+              every GPU; C(client_priority) V(normal), V(below_normal) or null when not managed; C(sm_partitions) the
+              chunks of each GPU's static SM partitions, empty when none); null when none are.
           type: dict
           sample: {active_thread_percentage: 25.0, pinned_device_mem_limit_mib: {GPU-6a2b5c1e-0000-4000-8000-000000000000: 3840}, replicas: null,
                    client_priority: null}
         differences:
           description:
-            - Where the reported limits disagree with the persisted ones, allowing for the lossy read-back. Empty when
-              they agree, when nothing is persisted, or when the daemon was not asked.
+            - Where the reported limits disagree with the persisted ones, allowing for the lossy read-back - and, for a
+              daemon started with C(-S), where its SM partitions do. Empty when they agree, when nothing is persisted,
+              or when the daemon was not asked.
           type: list
           elements: str
           sample: ['active thread percentage 25.0 persisted, 50.0 reported']

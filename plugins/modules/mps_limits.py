@@ -98,6 +98,26 @@ options:
         r580 has it.
     type: str
     version_added: 0.2.0
+  sm_partitions:
+    description:
+      - Static SM partitions, in chunks, that each GPU of the daemon gets - for example V([8, 4, 4]). A chunk is a fixed
+        group of SMs (8 on Hopper and newer, 4 before, as RV(sm_partitions) reports them). A client takes exactly the
+        SMs of the partition it names in C(CUDA_MPS_SM_PARTITION) (M(gpufleet.mps.mps_info) lists each partition's
+        value); on a daemon with partitions every client must name one.
+      - Needs CUDA 13.1 or later (control binary 13010; r580 is 13000 and has none) and Ampere or newer GPUs. Refused,
+        before anything changes, where the binary's help text does not list C(sm_partition), or a GPU is older.
+      - A daemon with partitions runs in static partitioning mode (C(nvidia-cuda-mps-control -d -S)), which is fixed
+        when it starts - M(gpufleet.mps.mps_daemon) starts and records it so. Partition IDs are the daemon's, new at
+        every start - the partitions are created again after every start, like the other defaults.
+      - On a running daemon with C(-S), partitions of a listed size are kept, others are created
+        (C(sm_partition add)), and those no longer listed are removed (C(sm_partition rm)) - a partition with clients
+        is not, and the run is refused before anything changes. On a running daemon without C(-S) the partitions
+        are persisted and a warning says that the daemon's restart applies them (RV(restart_needed)).
+      - V([]) removes them; not given, the persisted ones are kept. The value is inferred from NVIDIA's documentation
+        and client code, not yet checked against a real CUDA 13.1 binary.
+    type: list
+    elements: int
+    version_added: 0.2.0
   running_servers:
     description:
       - Servers already running keep the limits they started with; new defaults only reach servers started later.
@@ -232,6 +252,23 @@ actions:
   elements: str
   sample: ['apply set_default_active_thread_percentage 25.0', 'write /etc/gpufleet-mps/train.limits.json']
   version_added: 0.2.0
+sm_partitions:
+  description:
+    - The daemon's static SM partitions as C(lspart) listed them after the run's reading (IDs change at every start;
+      a partition created by this run is listed on the next run) - C(id) is what a client sets as C(CUDA_MPS_SM_PARTITION).
+    - Null when the daemon is not running or runs without static partitioning.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{device: GPU-a8aa752d-52a7-47f6-ab1d-d3295872ad6b, id: GPU-a8aa752d-52a7-47f6-ab1d-d3295872ad6b/Dx4AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA,
+            chunks: 8, sms: 64, in_use: false}]
+  version_added: 0.2.0
+restart_needed:
+  description: Why the running daemon must restart for the wanted limits (static SM partitions need C(-S)); empty when it need not.
+  returned: always
+  type: str
+  sample: "static SM partitions need a daemon started with -S, and train was started without it: the mode is fixed at the start"
+  version_added: 0.2.0
 '''
 
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import InvalidParameterError
@@ -251,6 +288,7 @@ def argument_spec():
         replicas=dict(type='int'),
         oversubscribe=dict(type='bool', default=False),
         client_priority=dict(type='str'),
+        sm_partitions=dict(type='list', elements='int'),
         persist=dict(type='bool', default=True),
         create=dict(type='bool', default=False),
         timeout=dict(type='int', default=30),
@@ -270,6 +308,7 @@ def run(module):
         manager = LimitsManager(paths, config, daemon, nvml.gpus(), module.check_mode)
         manager.oversubscribe = params['oversubscribe']
         manager.client_priority = params['client_priority']
+        manager.sm_partitions = params['sm_partitions']
         outcome = manager.ensure(params['active_thread_percentage'], params['pinned_device_mem_limit'], params['replicas'],
                                  params['running_servers'], params['persist'], params['create'])
         if nvml.enumeration_var_was_set:
@@ -285,6 +324,8 @@ def run(module):
         persisted=outcome.persisted,
         running=outcome.running,
         pending=outcome.pending,
+        sm_partitions=outcome.sm_partitions,
+        restart_needed=outcome.restart_needed,
     )
 
 

@@ -13,9 +13,10 @@ from .._gpus import all_devices
 from .._io import ensure_dir, remove, restorer, untraversable_parents
 from .._errors import InvalidParameterError
 from .._limits.store import persist, read_persisted, read_replay, write_replay
-from .._protocol.commands import SET_DEFAULT_PRIORITY
+from .._protocol.commands import SET_DEFAULT_PRIORITY, SM_PARTITION
 from .._outcome import Outcome
 from .._resource.record import StartRecord, write_record
+from .._resource.store import wants_static
 from .._selinux import enabled as selinux_enabled, plan_type
 from .._supervisor.liveness import PIPE_DIR_FILES, DaemonState
 from .model import DaemonOutcome, Wanted
@@ -62,7 +63,8 @@ class DaemonActions:
         record = StartRecord(devices=[gpu.uuid for gpu in wanted.devices], multiuser=wanted.multiuser, supervisor=wanted.supervisor,
                              shm=wanted.shm, pid=pid, started_at=_now(), compute_mode=wanted.compute_mode,
                              control_binary=self.daemon.binary,
-                             driver_version=getattr(wanted.devices[0], 'driver_version', None) if wanted.devices else None)
+                             driver_version=getattr(wanted.devices[0], 'driver_version', None) if wanted.devices else None,
+                             static_partitioning=wanted.static)
         write_record(self.paths, record)
         out.started_at = record.started_at
         out.pid = pid
@@ -121,6 +123,12 @@ class DaemonActions:
                                         'stopped; unset it with gpufleet.mps.mps_limits (client_priority: normal) under a '
                                         'binary that has it, or remove it from the resource' % (
                                             self.paths.name, self.config.limits_json, self.daemon.binary, SET_DEFAULT_PRIORITY))
+        if wants_static(commands) and self.daemon.offers(SM_PARTITION) is False:
+            raise InvalidParameterError('sm_partitions', 'the persisted limits of %s (%s) create static SM partitions, and the '
+                                        'help text of %s lists no %s: this binary has no static partitioning (CUDA 13.1, '
+                                        'control binary 13010, and later; r580 is 13000). Nothing was started or stopped; '
+                                        'remove them with gpufleet.mps.mps_limits (sm_partitions: []) or from the resource' % (
+                                            self.paths.name, self.config.limits_json, self.daemon.binary, SM_PARTITION))
         return commands
 
     def _stop_process(self, state: DaemonState, record: t.Optional[StartRecord], out: Outcome) -> None:

@@ -42,6 +42,8 @@ class WantedDaemon:
     shm_dir: str = ''
     # The driver version NVML reports now ('' unknown): a daemon started under another one restarts.
     driver_version: str = ''
+    # Static SM partitioning (-S) wanted: the mode is fixed when a daemon starts, so a change is a restart.
+    static: bool = False
 
     @property
     def shm(self) -> bool:
@@ -90,6 +92,10 @@ def daemon_differences(wanted: WantedDaemon, seen: DaemonSeen, started_file: str
     if record.driver_version and wanted.driver_version and record.driver_version != wanted.driver_version:
         found.append('driver: the daemon was started under driver %s and NVML now reports %s (its servers would run the '
                      'old driver\'s user-space libraries against the new kernel module)' % (record.driver_version, wanted.driver_version))
+    if record.static_partitioning != wanted.static:
+        found.append('static SM partitioning (-S): %s -> %s (%s)' % (
+            'on' if record.static_partitioning else 'off', 'on' if wanted.static else 'off',
+            'its limits create SM partitions' if wanted.static else 'its limits create no SM partitions'))
     if wanted.supervisor == 'none' and record.pid not in (None, current.pid):
         found.append('pid: the record names pid %s but pid %s runs' % (record.pid, current.pid))
     if wanted.supervisor == 'systemd':

@@ -8,6 +8,7 @@ import os
 import typing as t
 
 from .._io import read_text
+from .._limits.store import read_persisted
 from .._proc import daemon_dev_shm
 from .._resource.record import StartRecord
 from .._supervisor.liveness import DaemonState
@@ -21,7 +22,16 @@ class Differences:
 
     def _wanted_daemon(self, wanted: Wanted) -> WantedDaemon:
         return WantedDaemon(wanted.record(), self._env_values(wanted) if wanted.supervisor == 'systemd' else {},
-                            self.paths.shm_dir, (getattr(wanted.devices[0], 'driver_version', None) or '') if wanted.devices else '')
+                            self.paths.shm_dir, (getattr(wanted.devices[0], 'driver_version', None) or '') if wanted.devices else '',
+                            wanted.static)
+
+    def _static_wanted(self) -> bool:
+        """Whether the daemon starts with -S: the limits it starts with (a host plan's, else the persisted) create SM partitions."""
+        if self.host.limits_planned:
+            return bool(self.host.limits is not None and self.host.limits.sm_partitions)
+        seen_host = self.host.host_seen
+        limits = read_persisted(self.config, seen_host.text if seen_host is not None else None)
+        return bool(limits is not None and limits.sm_partitions)
 
     def _seen(self, wanted: WantedDaemon, current: DaemonState, record: t.Optional[StartRecord]) -> DaemonSeen:
         """Read what the decision needs, and only that: the environment file and the unit under systemd, /dev/shm of a

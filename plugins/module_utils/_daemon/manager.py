@@ -118,6 +118,8 @@ class ResourceManager(DeviceChoice, DaemonActions, SystemdUnit, BusyClients, Dif
         if state == 'absent':
             enabled = False
         wanted = self.wanted(selectors, multiuser, compute_mode, enabled, shm, foreground) if state not in ('stopped', 'absent') else None
+        if wanted is not None:
+            wanted.static = self._static_wanted()
         if wanted is not None and self.supervisor == 'systemd':
             self._systemd_files(wanted)  # a value no unit file can carry is refused now, before any side effect
         self.reset_on_stop = compute_mode != 'unchanged'

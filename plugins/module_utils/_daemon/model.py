@@ -22,6 +22,8 @@ class Wanted:
     enabled: bool
     shm: bool = False
     foreground: bool = False
+    # Started with -S: the limits it is started with (persisted, or a host plan's) create static SM partitions.
+    static: bool = False
 
     def record(self) -> t.Dict[str, t.Any]:
         return {

@@ -34,7 +34,7 @@ def local_facts(plan: t.Sequence[t.Mapping[str, t.Any]], daemons: t.Sequence[t.A
     for entry in plan:
         daemon = by_name.get(entry['name'], {})
         persisted = (daemon.get('limits') or {}).get('persisted') or {}
-        resources.append({
+        item = {
             'name': entry['name'],
             'devices': [dict(by_uuid[uuid]) for uuid in entry['devices'] if uuid in by_uuid],
             'multiuser': bool(entry.get('multiuser')),
@@ -44,7 +44,11 @@ def local_facts(plan: t.Sequence[t.Mapping[str, t.Any]], daemons: t.Sequence[t.A
             'pinned_device_mem_limit_mib': own_limits(persisted.get('pinned_device_mem_limit_mib') or {}, entry['devices']),
             'healthy': bool(daemon.get('healthy')),
             'env': daemon.get('env') or {},
-        })
+        }
+        if persisted.get('sm_partitions'):
+            # only where there are some: the facts of hosts without them stay byte for byte
+            item['sm_partitions'] = list(persisted['sm_partitions'])
+        resources.append(item)
     return {'format': FORMAT, 'root': str(root), 'ready': bool(resources) and all(item['healthy'] for item in resources),
             'resources': resources}
 

@@ -17,12 +17,13 @@ from ansible.module_utils.parsing.convert_bool import BOOLEANS_FALSE, BOOLEANS_T
 
 from .._errors import DeviceSelectionError, InvalidParameterError
 from .._gpus import VOLTA_CC, Gpu
+from .._limits.partitions import check_partition_gpus, parse_partitions
 from .._limits.model import check_fits, check_replicas, check_shares_fit, parse_mem_limit, parse_percentage, parse_priority, parse_size
 from .._resource.layout import validate_name
 from .._selectors import resolve_devices
 
 RESOURCE_KEYS = ('name', 'devices', 'multiuser', 'replicas', 'active_thread_percentage', 'pinned_device_mem_limit', 'oversubscribe',
-                 'client_priority')
+                 'client_priority', 'sm_partitions')
 
 
 @dataclass
@@ -40,11 +41,13 @@ class ResourcePlan:
     oversubscribe: bool = False
     # the daemon's default client priority as given (normal, below_normal, 0 or 1); None: normal, MPS's own default
     client_priority: t.Any = None
+    # static SM partitions of each GPU, in chunks, as given; None: none (the daemon without -S)
+    sm_partitions: t.Any = None
 
     @property
     def has_limits(self) -> bool:
         return (self.replicas is not None or self.active_thread_percentage is not None or self.pinned_device_mem_limit is not None
-                or self.client_priority is not None)
+                or self.client_priority is not None or bool(self.sm_partitions))
 
     def as_dict(self) -> t.Dict[str, t.Any]:
         """The form the role's ``mps_plan`` filter has always returned."""
@@ -52,7 +55,7 @@ class ResourcePlan:
                 'replicas': self.replicas, 'multiuser': self.multiuser,
                 'active_thread_percentage': self.active_thread_percentage,
                 'pinned_device_mem_limit': self.pinned_device_mem_limit, 'client_priority': self.client_priority,
-                'has_limits': self.has_limits}
+                'sm_partitions': self.sm_partitions, 'has_limits': self.has_limits}
 
 
 def replicas_for(replicas: t.Any, gpu_name: str, param: str, profile: str = '') -> t.Optional[int]:
@@ -123,7 +126,8 @@ def plan_resources(resources: t.Any, gpus: t.Sequence[Gpu], param: str = 'resour
             check_replicas(replicas, chosen, where + '.replicas', caps)
         plan = ResourcePlan(name, chosen, multiuser(resource, where), replicas,
                             resource.get('active_thread_percentage'), resource.get('pinned_device_mem_limit'),
-                            oversubscribe=boolean(resource, 'oversubscribe', where), client_priority=resource.get('client_priority'))
+                            oversubscribe=boolean(resource, 'oversubscribe', where), client_priority=resource.get('client_priority'),
+                            sm_partitions=resource.get('sm_partitions'))
         _check_limits(plan, where, gpus)
         plans.append(plan)
     return plans
@@ -165,6 +169,7 @@ def check_resources(resources: t.Any, param: str = 'resources') -> None:
         boolean(resource, 'oversubscribe', where)
         if resource.get('client_priority') is not None:
             parse_priority(resource['client_priority'], where + '.client_priority')
+        parse_partitions(resource.get('sm_partitions'), where + '.sm_partitions')
         if resource.get('active_thread_percentage') is not None:
             parse_percentage(resource['active_thread_percentage'], where + '.active_thread_percentage')
         mem = resource.get('pinned_device_mem_limit')
@@ -192,6 +197,11 @@ def _check_limits(plan: ResourcePlan, where: str, gpus: t.Sequence[Gpu]) -> None
         plan.limits['active_thread_percentage'] = parse_percentage(plan.active_thread_percentage, where + '.active_thread_percentage')
     if plan.client_priority is not None:
         plan.limits['client_priority'] = parse_priority(plan.client_priority, where + '.client_priority')
+    if plan.sm_partitions is not None:
+        chunks = parse_partitions(plan.sm_partitions, where + '.sm_partitions')
+        check_partition_gpus(chunks, plan.devices, where + '.sm_partitions')
+        if chunks:
+            plan.limits['sm_partitions'] = list(chunks)
     if plan.pinned_device_mem_limit is not None:
         param = where + '.pinned_device_mem_limit'
         mib = parse_mem_limit(plan.pinned_device_mem_limit, gpus, plan.devices, param)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from .._options import RUNNING_SERVERS_CHOICES
 from .._errors import DeviceSelectionError, InvalidParameterError, MpsError
 from .._outcome import Outcome
-from .._protocol.commands import PRIORITY_NAMES, SET_DEFAULT_PRIORITY, check_applied
+from .._protocol.commands import PRIORITY_NAMES, SET_DEFAULT_PRIORITY, SM_PARTITION, check_applied
 from .._protocol.state import read_state
 from .._resource.lock import resource_lock
 from .._supervisor.liveness import DaemonState, inspect
@@ -37,6 +37,8 @@ from .model import (
     replica_warnings,
 )
 from .decide import LimitsSeen, ServerLimits, decide_limits
+from .partition_plan import PartitionPlan
+from .partitions import check_partition_gpus, parse_partitions, partitions_view
 from .priority import PriorityCheck
 from .store import persist, read_persisted, write_replay
 from .._resource.layout import ConfigPaths, ResourcePaths, managed_dirs
@@ -66,9 +68,11 @@ class LimitsOutcome(Outcome):
     wanted: t.Optional[Limits] = None
     # The device order the plan keeps the commands file in (None: unknown, the daemon's first start writes it).
     replay_for: t.Optional[t.List[str]] = None
+    # The daemon's static SM partitions as lspart listed them (None: it runs without -S, or is not running).
+    sm_partitions: t.Optional[t.List[t.Dict[str, t.Any]]] = None
 
 
-class LimitsManager(PriorityCheck):
+class LimitsManager(PriorityCheck, PartitionPlan):
     """Limits of one resource."""
 
     def __init__(self, paths: ResourcePaths, config: ConfigPaths, daemon: t.Optional[Daemon], gpus: t.Sequence[Gpu],
@@ -88,6 +92,7 @@ class LimitsManager(PriorityCheck):
         # names them. Not before the first start of a new resource - the role's order.
         self.scope_known = False
         self.state: t.Optional[DaemonState] = None
+        self.record: t.Any = None  # the daemon's start record, read with its state
         # Exact (declarative) limits, as mps_host manages them: what is not given is not wanted - no inheritance from
         # the persisted record, a thread percentage not given is 100, a memory limit not given is none.
         self.exact = False
@@ -103,6 +108,8 @@ class LimitsManager(PriorityCheck):
         self.oversubscribe = False
         # The default client priority wanted (mps_limits client_priority, a resources entry's): as given, None: not given.
         self.client_priority: t.Any = None
+        # The static SM partitions wanted on each GPU (mps_limits sm_partitions, a resources entry's): chunk counts; None: not given.
+        self.sm_partitions: t.Any = None
         # Whose binary's help says whether it has client priority, where no running daemon answered (mps_host gives the
         # resource's daemon even when it is not running yet); None: self.daemon.
         self.prober: t.Optional[Daemon] = None
@@ -112,6 +119,7 @@ class LimitsManager(PriorityCheck):
         self.exact = True
         self.oversubscribe = plan.oversubscribe
         self.client_priority = plan.client_priority
+        self.sm_partitions = plan.sm_partitions
         self.planned = list(plan.devices)
 
     # --- what the daemon has ----------------------------------------------------------------------
@@ -124,7 +132,7 @@ class LimitsManager(PriorityCheck):
         state = self.state = self.seen.state if self.seen else inspect(self.paths)
         if state.conflict:
             raise MpsError('the MPS control daemon for %s: %s' % (self.paths.name, state.conflict), pid=state.pid)
-        record = self.seen.record if self.seen else read_record(self.paths)
+        record = self.record = self.seen.record if self.seen else read_record(self.paths)
         uuids: t.Optional[t.List[str]] = None
         if record is not None:
             uuids = list(record.devices)
@@ -172,7 +180,9 @@ class LimitsManager(PriorityCheck):
         small ones of another resource. The fleet role's pre-flight checks it against the resource's own GPUs.
         """
         previous = Limits() if self.exact else read_persisted(self.config, self.read_file) or Limits()
-        limits = Limits(previous.active_thread_percentage, dict(previous.pinned_device_mem_limit), previous.replicas)
+        # what is not given keeps its persisted value (mps_limits); exact mode starts from nothing
+        limits = Limits(previous.active_thread_percentage, dict(previous.pinned_device_mem_limit), previous.replicas,
+                        previous.client_priority, previous.sm_partitions)
         unknown = not self.scope_known and bool(scope)
         if replicas is not None:
             limits.replicas = check_replicas(replicas, [max(scope, key=lambda gpu: gpu.max_mps_clients)] if unknown else scope)
@@ -184,6 +194,9 @@ class LimitsManager(PriorityCheck):
             limits.active_thread_percentage = parse_wanted_percentage(percentage)
         if self.client_priority is not None:
             limits.client_priority = parse_priority(self.client_priority)
+        if self.sm_partitions is not None:
+            limits.sm_partitions = parse_partitions(self.sm_partitions)
+            check_partition_gpus(limits.sm_partitions, self.planned if self.planned is not None else scope if self.scope_known else [])
         if mem is not None:
             param = 'pinned_device_mem_limit'
             limits.pinned_device_mem_limit = parse_mem_limit(mem, self.gpus, scope, param)
@@ -200,11 +213,11 @@ class LimitsManager(PriorityCheck):
         """Defaults and every server's limits, in one UI process (a host plan's: read when it observed the host)."""
         observed = self.host_seen.readouts if self.host_seen is not None else {}
         readout = observed.get(self.paths.name)
-        if readout is None or readout[0] != (len(scope), pid):
+        if readout is None or readout[0] != (len(scope), pid) or (self.static_running and readout[1].lspart_text is None):
             daemon = self.daemon
             if daemon is None:
                 raise MpsError('the control binary is needed to read the limits of a running daemon')
-            readout = ((len(scope), pid), read_state(daemon.query, len(scope), child_pids(pid) if pid else []))
+            readout = ((len(scope), pid), read_state(daemon.query, len(scope), child_pids(pid) if pid else [], self.static_running))
             daemon.answered = True  # the health question (the thread percentage) was part of it
             if self.host_seen is not None:
                 self.host_seen.unobserved.append('the limits of %s' % self.paths.name)
@@ -215,10 +228,15 @@ class LimitsManager(PriorityCheck):
         """A host plan's observation of a running daemon's limits: read now, before anything is decided."""
         scope, running, pid = self.scope(True)
         if running and pid and self.daemon is not None and self.host_seen is not None:
-            self.host_seen.read_daemon(self.paths.name, self.daemon.query, len(scope), pid)
+            self.host_seen.read_daemon(self.paths.name, self.daemon.query, len(scope), pid, self.static_running)
             self.daemon.answered = True
-        elif self.client_priority is not None and self.host_seen is not None:
+            if self.sm_partitions and not self.static_running:
+                self._offers(SM_PARTITION, observing=True)  # a daemon without -S cannot say: its binary's help can
+            return
+        if self.client_priority is not None and self.host_seen is not None:
             self._offers(SET_DEFAULT_PRIORITY, observing=True)
+        if self.sm_partitions and self.host_seen is not None:
+            self._offers(SM_PARTITION, observing=True)
 
     @staticmethod
     def _as_read(readout: t.Any) -> t.Tuple[t.Optional[float], t.Dict[int, t.Optional[str]], t.List[ServerLimits], t.Any]:
@@ -273,11 +291,16 @@ class LimitsManager(PriorityCheck):
             seen = LimitsSeen(persisted)
         self._check_priority_offered(wanted, seen)
         decision = decide_limits(wanted, [gpu.uuid for gpu in scope], seen, self.exact, running_servers, self.paths.name)
+        out.sm_partitions = partitions_view(self._plan_partitions(wanted, persisted, [gpu.uuid for gpu in scope], running,
+                                                                  readout if running else None, decision))
         out.before, out.after = decision.before, decision.after
         out.warnings += decision.warnings
         if running:
             out.commands = decision.commands
             out.restart_needed = '; '.join(decision.restart_reasons)
+            if out.restart_needed and not self.exact:
+                out.warnings.append('%s; the limits are persisted, and a restart of its daemon applies them '
+                                    '(gpufleet.mps.mps_daemon state=restarted)' % out.restart_needed)
             out.pending = [server.as_dict() for server in decision.pending]
             if out.commands:
                 commands = list(out.commands)
@@ -363,5 +386,6 @@ class LimitsManager(PriorityCheck):
                 by_uuid[gpu.uuid] = '%dM' % mib
         return {'active_thread_percentage': wanted.active_thread_percentage, 'replicas': wanted.replicas,
                 'client_priority': PRIORITY_NAMES.get(wanted.client_priority) if wanted.client_priority is not None else None,
+                'sm_partitions': list(wanted.sm_partitions),
                 'pinned_device_mem_limit': {'by_ordinal': by_ordinal, 'by_uuid': by_uuid},
                 'devices': [dict(gpu.summary(), ordinal=ordinal) for ordinal, gpu in enumerate(scope)]}

@@ -16,7 +16,7 @@ import typing as t
 from dataclasses import dataclass, field
 
 from .._errors import InvalidParameterError
-from .._protocol.commands import PRIORITIES, set_default_mem, set_default_percentage, set_default_priority
+from .._protocol.commands import PRIORITIES, set_default_mem, set_default_percentage, set_default_priority, sm_partition_add
 # The read-back parsers are the protocol's; callers still import them from here too.
 from .._protocol.readback import parse_readback, readback_readable  # noqa: F401  pylint: disable=unused-import
 from .._selectors import resolve_devices
@@ -214,6 +214,8 @@ class Limits:
     replicas: t.Optional[int] = None
     # The default client priority of the daemon's new servers: 0 normal, 1 below normal (None: not managed).
     client_priority: t.Optional[int] = None
+    # Static SM partitions each GPU of the daemon gets, in chunks (largest first); empty: none, the daemon without -S.
+    sm_partitions: t.Tuple[int, ...] = ()
 
     def to_json(self) -> str:
         data = {
@@ -225,6 +227,8 @@ class Limits:
         if self.client_priority is not None:
             # only when managed: a record written before client priority existed reads back the same text
             data['client_priority'] = self.client_priority
+        if self.sm_partitions:
+            data['sm_partitions'] = list(self.sm_partitions)
         return json.dumps(data, indent=2, sort_keys=True) + '\n'
 
     @classmethod
@@ -239,6 +243,7 @@ class Limits:
                 pinned_device_mem_limit={str(key): int(value) for key, value in mem.items()},
                 replicas=data.get('replicas'),
                 client_priority=None if data.get('client_priority') not in (0, 1) else data['client_priority'],
+                sm_partitions=tuple(sorted((int(chunks) for chunks in data.get('sm_partitions') or ()), reverse=True)),
             )
         except (TypeError, ValueError, AttributeError):
             return None
@@ -246,7 +251,8 @@ class Limits:
     @property
     def empty(self) -> bool:
         """No limit at all: the MPS defaults (100 %, no pinned memory limit)."""
-        return self.active_thread_percentage is None and not self.pinned_device_mem_limit and self.client_priority is None
+        return (self.active_thread_percentage is None and not self.pinned_device_mem_limit and self.client_priority is None
+                and not self.sm_partitions)
 
     def add_replica_shares(self, devices: t.Sequence[t.Any], known: t.Sequence[t.Any]) -> t.List[t.Any]:
         """Give each of ``devices`` without a pinned memory limit its share of ``replicas``; the devices given one.
@@ -283,6 +289,8 @@ class Limits:
             cmds.append(set_default_percentage(format_percentage(self.active_thread_percentage)))
         if self.client_priority is not None:
             cmds.append(set_default_priority(self.client_priority))
+        for uuid in device_uuids:
+            cmds.extend(sm_partition_add(uuid, chunks) for chunks in self.sm_partitions)
         return cmds
 
 

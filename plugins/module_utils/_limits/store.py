@@ -46,6 +46,7 @@ def persisted_facts(limits: t.Optional[Limits]) -> t.Optional[t.Dict[str, t.Any]
         'pinned_device_mem_limit_mib': dict(sorted(limits.pinned_device_mem_limit.items())),
         'replicas': limits.replicas,
         'client_priority': PRIORITY_NAMES.get(limits.client_priority) if limits.client_priority is not None else None,
+        'sm_partitions': list(limits.sm_partitions),
     }
 
 

@@ -8,6 +8,7 @@ import typing as t
 from dataclasses import dataclass, field
 
 from .._limits.model import Limits, percentage_matches, readback_matches
+from .._limits.partitions import parse_lspart
 from .._protocol.commands import PRIORITY_NAMES
 from .._protocol.framing import Reply
 from .._protocol.readback import parse_readback
@@ -24,12 +25,14 @@ class Readout:
     servers: t.List[t.Dict[str, t.Any]] = field(default_factory=list)
     # 0 normal, 1 below normal; None where the binary has no client priority
     default_priority: t.Optional[int] = None
+    # A -S daemon's SM partitions by device UUID (_limits.partitions.parse_lspart); None: not asked, or no table
+    partitions: t.Optional[t.Dict[str, t.Any]] = None
 
 
 def parse_daemon_replies(replies: t.Sequence[Reply], ordinals: int, candidates: t.Sequence[int],
-                         uuids: t.Sequence[str], uid_of: t.Callable[[int], t.Optional[int]]) -> Readout:
+                         uuids: t.Sequence[str], uid_of: t.Callable[[int], t.Optional[int]], partitions: bool = False) -> Readout:
     """Turn the replies to :func:`state_commands` into facts; only listed servers are reported."""
-    state = parse_state(replies, ordinals, candidates)
+    state = parse_state(replies, ordinals, candidates, partitions)
     servers = [{
         'pid': server.pid,
         'status': server.status,
@@ -40,7 +43,8 @@ def parse_daemon_replies(replies: t.Sequence[Reply], ordinals: int, candidates: 
             'pinned_device_mem_limit': dict(zip(uuids, server.pinned_device_mem_limit)),
         },
     } for server in state.servers]
-    return Readout(state.default_percentage, state.default_mem, servers, state.default_priority)
+    return Readout(state.default_percentage, state.default_mem, servers, state.default_priority,
+                   parse_lspart(state.lspart_text, uuids) if state.lspart_text is not None else None)
 
 
 # --- limits -------------------------------------------------------------------------------------
@@ -67,4 +71,18 @@ def limit_differences(persisted: t.Optional[Limits], percentage: t.Optional[floa
         if not readback_matches(parse_readback(text) if text else None, wanted_mib):
             found.append('pinned memory limit of device %d (%s) %dM persisted, %s reported' % (
                 ordinal, uuid, wanted_mib, text or 'none'))
+    return found
+
+
+def partition_differences(persisted: t.Optional[Limits], seen: t.Optional[t.Mapping[str, t.Any]],
+                          uuids: t.Sequence[str]) -> t.List[str]:
+    """Where a -S daemon's SM partitions (chunk counts per GPU) disagree with the persisted ones."""
+    wanted = sorted(persisted.sm_partitions if persisted is not None else ())
+    if seen is None:
+        return ['the daemon was started with -S and did not answer lspart with a partition table'] if wanted else []
+    found = []
+    for uuid in uuids:
+        chunks = sorted(part.chunks or 0 for part in seen[uuid].partitions) if uuid in seen else []
+        if persisted is not None and chunks != wanted:
+            found.append('SM partitions of %s: %s chunks persisted, %s reported' % (uuid, wanted, chunks))
     return found

@@ -93,10 +93,11 @@ class HostSeen:
             self.modes[path] = file_mode(path)
         return self.modes[path]
 
-    def read_daemon(self, name: str, query: t.Callable[[t.List[str]], t.Any], ordinals: int, pid: int) -> t.Any:
+    def read_daemon(self, name: str, query: t.Callable[[t.List[str]], t.Any], ordinals: int, pid: int,
+                    partitions: bool = False) -> t.Any:
         """Observe a running daemon (``pid``) of resource ``name`` in one control batch: its defaults for ``ordinals``
-        devices, its servers with their limits and clients (:func:`clients_of`)."""
-        readout = read_state(query, ordinals, child_pids(pid))
+        devices, its servers with their limits and clients (:func:`clients_of`), its SM partitions where ``partitions``."""
+        readout = read_state(query, ordinals, child_pids(pid), partitions)
         self.readouts[name] = ((ordinals, pid), readout)
         self.clients[name] = (pid, clients_of(readout))
         return readout

@@ -36,7 +36,14 @@ SET_DEFAULT_PERCENTAGE = 'set_default_active_thread_percentage'
 SET_DEFAULT_MEM = 'set_default_device_pinned_mem_limit'
 SET_DEFAULT_PRIORITY = 'set_default_client_priority'
 GET_DEFAULT_PRIORITY = 'get_default_client_priority'
-REPLAYABLE = (SET_DEFAULT_PERCENTAGE, SET_DEFAULT_MEM, SET_DEFAULT_PRIORITY)
+# Static SM partitions (binary 13010, CUDA 13.1, and later; a daemon started with -S): created after every start.
+SM_PARTITION = 'sm_partition'
+LSPART = 'lspart'
+REPLAYABLE = (SET_DEFAULT_PERCENTAGE, SET_DEFAULT_MEM, SET_DEFAULT_PRIORITY, SM_PARTITION)
+# What ``sm_partition add`` prints on success: ``Partition <uuid>/<id> created`` (what client code written against real
+# binaries parses); NVIDIA's example shows the bare ``<uuid>/<id>``. The id is base64 and may hold slashes.
+_PARTITION_CREATED = re.compile(r'(?:Partition\s+)?(?P<value>(?:GPU|MIG)-[0-9A-Za-z-]+/[A-Za-z0-9+/=]+)(?:\s+created)?')
+_PARTITION_ID = re.compile(r'[A-Za-z0-9+/=]+')
 # The default client priority as the daemon takes it (r580 help: "Sets default client priority for incoming clients";
 # CUDA_MPS_CLIENT_PRIORITY: 0 normal, 1 below normal) and as users name it.
 PRIORITIES = {'normal': 0, 'below_normal': 1}
@@ -53,6 +60,25 @@ def set_default_mem(ordinal: int, mib: int) -> str:
 
 def set_default_priority(priority: int) -> str:
     return command(SET_DEFAULT_PRIORITY, int(priority))
+
+
+def sm_partition_add(uuid: str, chunks: int) -> str:
+    """Create a partition of ``chunks`` chunks on the GPU ``uuid`` (a daemon started with -S)."""
+    return command(SM_PARTITION, 'add', uuid, int(chunks))
+
+
+def sm_partition_rm(uuid: str, ident: str) -> str:
+    """Remove partition ``ident`` (the part after the UUID's slash) of ``uuid``: the documented two-word form."""
+    if not _PARTITION_ID.fullmatch(ident):
+        raise InvalidParameterError('command', 'refusing to send the partition id %r to the control daemon: not base64' % ident)
+    return '%s %s' % (command(SM_PARTITION, 'rm', uuid), ident)
+
+
+def partition_created(reply: Reply) -> t.Optional[str]:
+    """The partition (``<uuid>/<id>``, what clients set as CUDA_MPS_SM_PARTITION) an ``sm_partition add`` created; None:
+    it failed, and its text (``Failed to fulfill the requested SM partition of ...``) is the reason."""
+    match = _PARTITION_CREATED.fullmatch(reply.text.strip()) if len(reply.lines) == 1 else None
+    return match.group('value') if match else None
 
 
 def parse_priority(reply: Reply) -> t.Optional[int]:
@@ -117,6 +143,12 @@ def check_applied(replies: t.Sequence[Reply]) -> None:
             if reply.lines and ' '.join(reply.lines).strip().lower() not in (sent, PRIORITY_NAMES.get(int(sent), sent)):
                 raise ControlCommandError('the MPS control daemon rejected %r: %s' % (reply.command, reply.text))
         elif verb.startswith('set_'):
+            expect_silent(reply)
+        elif verb == SM_PARTITION and reply.command.split()[1:2] == ['add']:
+            if partition_created(reply) is None:
+                raise ControlCommandError('the MPS control daemon rejected %r: %s' % (reply.command, reply.text or '(no output)'))
+        elif verb == SM_PARTITION:
+            # rm prints nothing on success [I]; a refusal names the partition (in use, not found)
             expect_silent(reply)
 
 

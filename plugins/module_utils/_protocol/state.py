@@ -14,7 +14,7 @@ import typing as t
 from dataclasses import dataclass, field
 
 from .._errors import MpsError
-from .commands import GET_DEFAULT_PRIORITY, command, parse_percentage, parse_pids, parse_priority
+from .commands import GET_DEFAULT_PRIORITY, LSPART, command, parse_percentage, parse_pids, parse_priority
 from .framing import SENTINEL, Reply
 from .readback import parse_readback, readback_readable
 
@@ -43,9 +43,11 @@ class DaemonReadout:
     # without client priority answers an error text, kept in priority_text)
     default_priority: t.Optional[int] = None
     priority_text: str = ''
+    # lspart's answer, asked only of a daemon started with -S (None: not asked)
+    lspart_text: t.Optional[str] = None
 
 
-def state_commands(ordinals: int, candidates: t.Sequence[int]) -> t.List[str]:
+def state_commands(ordinals: int, candidates: t.Sequence[int], partitions: bool = False) -> t.List[str]:
     """Every read for one daemon: health and defaults, its server list, and each candidate server.
 
     Each candidate's percentage query comes last in its block, and the last block's is the last
@@ -54,6 +56,8 @@ def state_commands(ordinals: int, candidates: t.Sequence[int]) -> t.List[str]:
     cmds = [SENTINEL, command('get_server_list')]
     cmds.extend(command('get_default_device_pinned_mem_limit', ordinal) for ordinal in range(ordinals))
     cmds.append(command(GET_DEFAULT_PRIORITY))
+    if partitions:
+        cmds.append(command(LSPART))
     for pid in candidates:
         cmds.append(command('get_server_status', pid))
         cmds.append(command('get_client_list', pid))
@@ -76,7 +80,7 @@ def optional_percentage(reply: Reply) -> t.Optional[float]:
         return None
 
 
-def parse_state(replies: t.Sequence[Reply], ordinals: int, candidates: t.Sequence[int]) -> DaemonReadout:
+def parse_state(replies: t.Sequence[Reply], ordinals: int, candidates: t.Sequence[int], partitions: bool = False) -> DaemonReadout:
     """Turn the replies to :func:`state_commands` into a readout; only listed servers are reported.
 
     The health answer and the server list must parse (else the binary or the daemon is broken: that
@@ -87,6 +91,7 @@ def parse_state(replies: t.Sequence[Reply], ordinals: int, candidates: t.Sequenc
     listed = parse_pids(next(it))
     default_mem = [mem_text(next(it)) for _ordinal in range(ordinals)]
     priority = next(it)
+    lspart = next(it).text if partitions else None
     asked: t.Dict[int, ServerState] = {}
     for pid in candidates:
         status = next(it)
@@ -100,9 +105,11 @@ def parse_state(replies: t.Sequence[Reply], ordinals: int, candidates: t.Sequenc
         asked[pid] = ServerState(pid, status.text if status.text in SERVER_STATES else None, client_pids, percentage, mem)
     # A server that is not a child of the daemon (another pid namespace) is listed, not detailed.
     return DaemonReadout(default_percentage, default_mem, [asked.get(pid) or ServerState(pid) for pid in listed],
-                         parse_priority(priority), priority.text.strip())
+                         parse_priority(priority), priority.text.strip(), lspart)
 
 
-def read_state(query: t.Callable[[t.List[str]], t.List[Reply]], ordinals: int, candidates: t.Sequence[int]) -> DaemonReadout:
-    """Ask a daemon with ``ordinals`` devices everything at once (``query`` runs one UI process)."""
-    return parse_state(query(state_commands(ordinals, candidates)), ordinals, candidates)
+def read_state(query: t.Callable[[t.List[str]], t.List[Reply]], ordinals: int, candidates: t.Sequence[int],
+               partitions: bool = False) -> DaemonReadout:
+    """Ask a daemon with ``ordinals`` devices everything at once (``query`` runs one UI process); ``partitions``: and
+    its SM partitions (``lspart``), for a daemon started with -S."""
+    return parse_state(query(state_commands(ordinals, candidates, partitions)), ordinals, candidates, partitions)

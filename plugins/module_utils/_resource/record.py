@@ -38,6 +38,8 @@ class StartRecord:
     # The driver NVML reported when the daemon was started (None: a record of an older version, or unknown). After a
     # driver upgrade the daemon and its servers run the old driver's user-space: a run restarts it (busy decides).
     driver_version: t.Optional[str] = None
+    # Started with -S (static SM partitions, fixed for the daemon's life); only written when true.
+    static_partitioning: bool = False
 
     @classmethod
     def from_data(cls, data: t.Any) -> t.Optional['StartRecord']:
@@ -56,10 +58,14 @@ class StartRecord:
             compute_mode=_optional_str(data.get('compute_mode')) or DEFAULT_COMPUTE_MODE,
             control_binary=_optional_str(data.get('control_binary')),
             driver_version=_optional_str(data.get('driver_version')),
+            static_partitioning=data.get('static_partitioning') is True,
         )
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=True) + '\n'
+        data = asdict(self)
+        if not self.static_partitioning:
+            del data['static_partitioning']  # the records of daemons without it stay as they were
+        return json.dumps(data, indent=2, sort_keys=True) + '\n'
 
     def daemon_view(self) -> t.Dict[str, t.Any]:
         """What the daemon was started with, as the diff and the restart decision compare it."""

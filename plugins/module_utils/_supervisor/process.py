@@ -27,7 +27,7 @@ from .._io import ensure_dir
 from .._resource.lock import ResourceLock, resource_lock
 from .._proc import daemon_dev_shm, is_zombie, pid_alive
 from .._resource.layout import DEFAULT_LOG_MODE, ResourcePaths
-from .._resource.store import start_environment
+from .._resource.store import STATIC_OPTION, start_environment, wants_static
 from .liveness import PIPE_DIR_FILES, inspect, read_pid_file
 
 ALREADY_RUNNING_TEXT = 'An instance of this daemon is already running'
@@ -141,6 +141,8 @@ class Daemon:
         argv = [self.binary, '-d']
         if multiuser:
             argv.append('-multiuser-server')
+        if wants_static(replay):
+            argv.append(STATIC_OPTION)  # the replay creates SM partitions: static partitioning is fixed at the start
         if self.shm_dir:
             # A mount namespace of its own in which the shared tmpfs is /dev/shm; -d's daemon lives on in it.
             # slave, as systemd's BindPaths= has it: the host's unmounts still reach the namespace, so the

@@ -9,8 +9,8 @@ the daemon drops as it exits may end non-zero), so ``ExecStop=-`` keeps that sta
 failed; what is still running after it, systemd ends as for any service.
 
 Every reply of the limit replay (``ExecStartPost=``) is checked, since the UI exits 0 even when the
-daemon rejects a command: a percentage setter must echo the value and a memory setter print nothing;
-anything else fails the start with the daemon's own text in the journal.
+daemon rejects a command: a percentage setter must echo the value, a memory setter print nothing, an SM partition's
+creation print the partition; anything else fails the start with the daemon's own text in the journal.
 
 The unit runs nothing of this collection: the compute mode is set with ``nvidia-smi``, the daemon is
 ``nvidia-cuda-mps-control -d``, the persisted limits are replayed by feeding their command file to the
@@ -39,7 +39,7 @@ SYSTEMCTL = 'systemctl'
 _REPLAY = (
     'if [ -s "$$MPS_LIMITS_FILE" ]; then '
     'out=$$("$$MPS_CONTROL" < "$$MPS_LIMITS_FILE") || {{ echo "gpufleet-mps: replaying $$MPS_LIMITS_FILE failed: $$out" >&2; exit 1; }}; '
-    'bad=$$(echo "$$out" | grep -Ev "^([0-9]+[.][0-9]+)?$$"); '
+    'bad=$$(echo "$$out" | grep -Ev "^([0-9]+[.][0-9]+|(Partition )?(GPU|MIG)-[^ ]+/[^ ]+( created)?)?$$"); '
     'if [ -n "$$bad" ]; then echo "gpufleet-mps: the daemon rejected a limit of $$MPS_LIMITS_FILE: $$bad" >&2; exit 1; fi; '
     'want=$$(sed -n "s/^set_default_active_thread_percentage[[:space:]]*//p" "$$MPS_LIMITS_FILE" | tail -n 1); '
     'got=$$(echo "$$out" | grep -E "^[0-9]+[.][0-9]+$$" | tail -n 1); '
@@ -73,13 +73,14 @@ StartLimitBurst=5
 [Service]
 Type=forking
 EnvironmentFile={config_dir}/%i.env
-# The default thread percentage (mps_limits), in force from the first client; optional.
+# The default thread percentage (mps_limits), in force from the first client, and -S where the limits hold static SM
+# partitions (MPS_STATIC_ARGS); optional.
 EnvironmentFile=-{config_dir}/%i.limits-env
 ExecStartPre=/bin/mkdir -p -m 0755 ${{CUDA_MPS_PIPE_DIRECTORY}}
 ExecStartPre=/bin/sh -c '""" + _LABEL + """'
 ExecStartPre=/bin/sh -c 'mkdir -p -m "$${{MPS_LOG_MODE:-0700}}" "$$CUDA_MPS_LOG_DIRECTORY" && chmod "$${{MPS_LOG_MODE:-0700}}" "$$CUDA_MPS_LOG_DIRECTORY"'
 ExecStartPre=/bin/sh -c 'if [ -n "$$MPS_COMPUTE_MODE" ]; then exec "$$MPS_NVIDIA_SMI" -i "$$CUDA_VISIBLE_DEVICES" -c "$$MPS_COMPUTE_MODE"; fi'
-ExecStart=/bin/sh -c 'exec "$$MPS_CONTROL" -d $$MPS_DAEMON_ARGS'
+ExecStart=/bin/sh -c 'exec "$$MPS_CONTROL" -d $$MPS_DAEMON_ARGS $$MPS_STATIC_ARGS'
 ExecStartPost=/bin/sh -c '""" + _REPLAY + """'
 ExecStop=-/bin/sh -c 'echo "{quit} -t $$MPS_STOP_TIMEOUT" | "$$MPS_CONTROL"'
 ExecStopPost=/bin/sh -c 'if [ -n "$$MPS_COMPUTE_MODE" ]; then "$$MPS_NVIDIA_SMI" -i "$$CUDA_VISIBLE_DEVICES" -c DEFAULT > /dev/null; fi'
@@ -122,7 +123,7 @@ FOREGROUND_DROPIN_TEMPLATE = """\
 [Service]
 Type=exec
 ExecStart=
-ExecStart=/bin/sh -c 'exec "$$MPS_CONTROL" -f $$MPS_DAEMON_ARGS'
+ExecStart=/bin/sh -c 'exec "$$MPS_CONTROL" -f $$MPS_DAEMON_ARGS $$MPS_STATIC_ARGS'
 ExecStartPost=
 ExecStartPost=/bin/sh -c '""" + _WAIT + _REPLAY + """'
 """

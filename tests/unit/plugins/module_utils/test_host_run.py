@@ -704,3 +704,106 @@ def test_a_client_that_sets_its_slice_gets_it_from_a_daemon_that_hands_out_more(
 def _gpu_facts():
     with _gpus.Nvml() as nvml:
         return [gpu.facts() for gpu in nvml.gpus()]
+
+
+# --- static SM partitions (issue 29; the simulator's, inferred from NVIDIA's documentation) ---------------------------
+def _set_cuda(version):
+    path = os.environ['FAKE_NVML_CONFIG']
+    with open(path, encoding='utf-8') as handle:
+        text = handle.read()
+    with open(path, 'w', encoding='utf-8') as handle:
+        handle.write(re.sub(r'(?m)^cuda_driver_version\s*=.*$', 'cuda_driver_version = %s' % version, text))
+
+
+def _partitions(host, name):
+    """lspart's partition rows of the resource's daemon: (partial UUID, id, chunks)."""
+    rows = [line.split() for line in _ask(host, name, 'lspart').splitlines()[2:]]
+    return sorted((row[0], row[1], int(row[2])) for row in rows if len(row) == 5 and not row[1].isdigit())
+
+
+def _partition_client(host, name, value):
+    env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=resource_paths(host.root, name).pipe_dir)
+    if value is not None:
+        env['CUDA_MPS_SM_PARTITION'] = value
+    proc = subprocess.Popen([str(host.base / 'host' / 'bin' / 'mps-sim-client')], env=env,  # pylint: disable=consider-using-with
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    return proc, json.loads(proc.stdout.readline())
+
+
+def test_sm_partitions_are_created_at_the_start_resized_in_place_and_left_with_a_restart(host, decide_audit):
+    from ansible_collections.gpufleet.mps.plugins.module_utils._resource.record import read_record  # pylint: disable=import-outside-toplevel
+    _set_cuda('13010')
+    entry = {'name': 'train', 'devices': [0], 'sm_partitions': [8, 4]}
+    _check_then_apply(host, [entry])
+    paths = resource_paths(host.root, 'train')
+    assert read_record(paths).static_partitioning is True
+    assert sorted(chunks for _gpu, _id, chunks in _partitions(host, 'train')) == [4, 8]
+    facts = json.loads((host.base / 'facts.d' / 'gpufleet_mps.fact').read_text())
+    assert facts['resources'][0]['sm_partitions'] == [8, 4]
+    # a client names its partition; one that names none cannot create its context on a -S daemon
+    value = next('%s/%s' % (host.uuids()[0], ident) for _gpu, ident, chunks in _partitions(host, 'train') if chunks == 4)
+    client, reply = _partition_client(host, 'train', value)
+    assert reply['ok'] and reply['sms'] == 32, reply
+    _bare, refused = _partition_client(host, 'train', None)
+    assert refused['error'] == 'CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION'
+    # resized in place: one more partition is one sm_partition add, the daemon and its client untouched
+    pid = read_record(paths).pid
+    grown = _check_then_apply(host, [dict(entry, sm_partitions=[8, 4, 2])])
+    assert [change.action for change in grown.executed if change.kind == 'limits'] == [
+        'apply sm_partition add %s 2' % host.uuids()[0]], _listed(grown)
+    assert read_record(paths).pid == pid and client.poll() is None
+    # the partition with the client is no longer listed: refused before anything changes
+    with pytest.raises(MpsError, match=r'sm_partitions: %s \(4 chunks\) of train has clients' % re.escape(value)):
+        host.run([dict(entry, sm_partitions=[8, 2])])
+    assert len(_partitions(host, 'train')) == 3
+    host.leave(client)
+    shrunk = _check_then_apply(host, [dict(entry, sm_partitions=[8, 2])])
+    assert [change.action for change in shrunk.executed if change.kind == 'limits'] == [
+        'apply sm_partition rm %s %s' % (host.uuids()[0], value.split('/', 1)[1])], _listed(shrunk)
+    # none wanted: the daemon leaves static partitioning, which only a restart does
+    plain = _check_then_apply(host, [{'name': 'train', 'devices': [0]}])
+    assert [change.kind for change in plain.executed if change.resource == 'train'].count('restart') == 1, _listed(plain)
+    assert read_record(paths).static_partitioning is False
+    assert 'not enabled' in _ask(host, 'train', 'lspart')
+    # every decision read only what its observe stage had (lspart in the daemon's one batch)
+    assert decide_audit['events'] == [] and decide_audit['unobserved'] == [], decide_audit
+
+
+def test_sm_partitions_for_a_daemon_started_without_s_restart_it_with_the_reason(host):
+    _set_cuda('13010')
+    host.run([{'name': 'train', 'devices': [0]}])
+    planned = host.run([{'name': 'train', 'devices': [0], 'sm_partitions': [6]}], check=True)
+    restarts = [change for change in _listed(planned) if change['kind'] == 'restart']
+    assert len(restarts) == 1 and 'static SM partitioning (-S): off -> on' in restarts[0]['action'], _listed(planned)
+    _check_then_apply(host, [{'name': 'train', 'devices': [0], 'sm_partitions': [6]}])
+    assert [chunks for _gpu, _id, chunks in _partitions(host, 'train')] == [6]
+
+
+@pytest.mark.parametrize('running', [True, False], ids=['daemon running', 'first start'])
+def test_a_binary_without_static_partitioning_is_refused_before_anything_changes(host, running, decide_audit):
+    _set_cuda('13000')  # r580: no -S, no sm_partition (gpu-evidence probe2.txt)
+    if running:
+        host.run([{'name': 'train', 'devices': [0]}])
+    before = sorted(_daemon_pids(host.root))
+    with pytest.raises(InvalidParameterError) as caught:
+        host.run([{'name': 'train', 'devices': [0], 'sm_partitions': [4]}])
+    assert caught.value.param == 'sm_partitions' and 'lists no sm_partition' in str(caught.value), caught.value
+    assert sorted(_daemon_pids(host.root)) == before
+    assert decide_audit['unobserved'] == [], decide_audit  # the help text was read in the observe stage
+
+
+def test_sm_partitions_on_a_gpu_older_than_ampere_or_over_its_chunks_are_refused(host):
+    _set_cuda('13010')
+    host.run([{'name': 'train', 'devices': [0], 'sm_partitions': [8]}])
+    # a running -S daemon says how many chunks each GPU has (lspart): H100, 132 SMs in chunks of 8
+    with pytest.raises(InvalidParameterError, match=r'more chunks than the GPU has: GPU-\S+ has 16 chunks \(128 SMs\), 17 wanted'):
+        host.run([{'name': 'train', 'devices': [0], 'sm_partitions': [8, 8, 1]}])
+    assert [chunks for _gpu, _id, chunks in _partitions(host, 'train')] == [8]
+    old = host.uuids()[0]
+    with open(os.environ['FAKE_NVML_CONFIG'], encoding='utf-8') as handle:
+        text = handle.read()
+    with open(os.environ['FAKE_NVML_CONFIG'], 'w', encoding='utf-8') as handle:
+        handle.write(text.replace('compute_capability = 9.0', 'compute_capability = 7.0'))
+    with pytest.raises(InvalidParameterError, match=r'sm_partitions: static SM partitions need Ampere .* is older'):
+        host.run([{'name': 'infer', 'devices': [1], 'sm_partitions': [2]}])
+    assert old == host.uuids()[0]

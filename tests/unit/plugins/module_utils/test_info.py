@@ -359,7 +359,7 @@ def test_each_warning(host, monkeypatch):
     assert 'NVML_MPS_DEVICE_ENUMERATION was set' in text
     (a, b) = report.facts['daemons']
     assert a['limits']['persisted'] == {'active_thread_percentage': 25.0, 'pinned_device_mem_limit_mib': {}, 'replicas': None,
-                                        'client_priority': None}
+                                        'client_priority': None, 'sm_partitions': []}
     assert a['limits']['differences'] == ['active thread percentage 25.0 persisted, 100.0 reported']
     assert b['limits']['persisted'] is None and b['limits']['differences'] == []
 

@@ -482,3 +482,15 @@ def test_replica_counts_near_what_a_gpu_sustains_warn_citing_the_source(name, re
         (text,) = found
         assert warns in text and 'CUDA_DEVICE_MAX_CONNECTIONS' in text, text
         assert ('k8s-device-plugin#1118' in text) == ('above' in warns and 'half' not in warns)
+
+
+def test_what_mps_limits_is_not_given_keeps_its_persisted_value(manager, tmp_path):
+    """A run that sets only the percentage keeps the persisted client priority and SM partitions (it dropped the priority)."""
+    h100 = [gpu(0, 'NVIDIA H100 80GB HBM3', 81559, (9, 0))]
+    made = manager(h100)
+    os.makedirs(made.config.config_dir)
+    _store.persist(made.config, _limits.Limits(50.0, {}, None, 1, (8, 4)), check_mode=False)
+    kept = made.wanted(h100, 25, None, None)
+    assert (kept.active_thread_percentage, kept.client_priority, kept.sm_partitions) == (25.0, 1, (8, 4))
+    made.sm_partitions = []
+    assert made.wanted(h100, None, None, None).sm_partitions == ()

@@ -120,6 +120,11 @@ def _exec_start_post_shell(unit: str) -> str:
     ('\nError: unknown command\n', False),
     ('\n100.0\n', False),  # r580: a refused percentage answers the value in force, no error text
     ('\n25.0\n\n', True),
+    # an SM partition created (binary 13010 and later): what client code parses, and NVIDIA's example's bare id
+    ('\n25.0\nPartition GPU-a8aa752d-52a7-47f6-ab1d-d3295872ad6b/D/79e/Dgw+YMDAAAA= created\n', True),
+    ('\n25.0\nGPU-a8aa752d-52a7-47f6-ab1d-d3295872ad6b/Dx4AAAAAAAAAAAAAAA\n', True),
+    ('\n25.0\nFailed to fulfill the requested SM partition of 40 chunks, error CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION\n', False),
+    ('\n25.0\nStatic partitioning is not enabled. Start the control daemon with -S\n', False),
 ])
 def test_the_units_limit_replay_fails_with_the_daemons_text_when_a_command_is_rejected(tmp_path, reply, ok):
     limits = tmp_path / 'train.limits'
@@ -133,7 +138,8 @@ def test_the_units_limit_replay_fails_with_the_daemons_text_when_a_command_is_re
     assert (proc.returncode == 0) is ok, proc.stderr
     if not ok:
         assert 'the daemon rejected a limit of %s' % limits in proc.stderr
-        assert reply.strip().splitlines()[0] in proc.stderr if reply.strip() else 'answered , the value it keeps' in proc.stderr
+        rejected = [line for line in reply.strip().splitlines() if not line.replace('.', '', 1).isdigit()] or reply.strip().splitlines()
+        assert rejected[0] in proc.stderr if reply.strip() else 'answered , the value it keeps' in proc.stderr
         if reply.strip() == '100.0':
             assert 'set_default_active_thread_percentage 25 answered 100.0, the value it keeps' in proc.stderr
 
@@ -168,7 +174,7 @@ def test_a_unit_that_fails_to_start_says_what_its_journal_ends_with(tmp_path):
 def test_the_foreground_dropin_runs_the_daemon_with_f_under_type_exec_and_replays_once_it_answers(tmp_path):
     text = _systemd.render_foreground_dropin(2)
     assert 'Type=exec' in text and '\nExecStart=\n' in text and '\nExecStartPost=\n' in text
-    assert 'ExecStart=/bin/sh -c \'exec "$$MPS_CONTROL" -f $$MPS_DAEMON_ARGS\'' in text
+    assert 'ExecStart=/bin/sh -c \'exec "$$MPS_CONTROL" -f $$MPS_DAEMON_ARGS $$MPS_STATIC_ARGS\'' in text
     limits = tmp_path / 'train.limits'
     limits.write_text('set_default_active_thread_percentage 25\n')
     answers = tmp_path / 'answers'
