@@ -252,9 +252,10 @@ class LimitsManager(PriorityCheck, PartitionPlan):
     def _check(self, percentage: t.Any, mem: t.Any, replicas: t.Any, running_servers: str) -> None:
         if running_servers not in RUNNING_SERVERS_CHOICES:
             raise InvalidParameterError('running_servers', 'must be one of %s' % ', '.join(RUNNING_SERVERS_CHOICES))
-        if percentage is None and mem is None and replicas is None and self.client_priority is None and not self.exact:
+        if (percentage is None and mem is None and replicas is None and self.client_priority is None and self.sm_partitions is None
+                and not self.exact):
             raise InvalidParameterError('active_thread_percentage', 'give at least one of active_thread_percentage, '
-                                        'pinned_device_mem_limit, replicas or client_priority')
+                                        'pinned_device_mem_limit, replicas, client_priority or sm_partitions')
         refuse_unsafe_dirs(managed_dirs(self.paths, self.config.config_dir))
 
     def ensure(self, percentage: t.Any, mem: t.Any, replicas: t.Any, running_servers: str, persist_limits: bool,

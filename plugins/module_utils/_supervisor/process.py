@@ -39,6 +39,8 @@ PASSTHROUGH_ENV = ('PATH', 'LD_LIBRARY_PATH')
 # How long a daemon that answered quit with a text (a refusal) is given to exit all the same.
 REJECTED_QUIT_GRACE = 2.0
 DEFAULT_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'
+# What r580 prints (its last byte a NUL) before its help for an option it does not know (gpu-evidence probe2.txt).
+UNRECOGNIZED_OPTION_TEXT = 'Unrecognized option'
 # A binary's help text, read once per module run (Daemon.offers).
 _HELP_TEXTS: t.Dict[str, str] = {}
 
@@ -164,6 +166,11 @@ class Daemon:
         output = (proc.stdout + proc.stderr).strip()
         if ALREADY_RUNNING_TEXT in output:
             raise MpsError('another MPS control daemon started on %s at the same time' % self.paths.pipe_dir, stdout=output)
+        if UNRECOGNIZED_OPTION_TEXT in output:
+            # r580 answers an option it does not know (-S) with this line and its help, exit 0, and starts nothing
+            raise ControlBinaryError('%s does not know an option of %s: it printed %r and its help text, and started no '
+                                     'daemon' % (self.binary, ' '.join(argv[argv.index(self.binary):]),
+                                                 output.splitlines()[0].replace('\x00', '').strip()), stdout=output)
         if proc.returncode != 0:
             raise ControlBinaryError('%s -d failed with status %d: %s (see %s)' % (
                 self.binary, proc.returncode, output or '(no output)', self.see_log), rc=proc.returncode, stdout=output)

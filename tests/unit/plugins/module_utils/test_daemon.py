@@ -385,3 +385,17 @@ def test_a_start_that_loses_the_race_to_another_manager_says_so_and_touches_noth
     with pytest.raises(MpsError, match='^another MPS control daemon started on %s at the same time$' % paths.pipe_dir):
         daemon.start([], multiuser=False)
     assert sorted(os.listdir(paths.pipe_dir)) == []
+
+
+def test_a_start_with_an_option_the_binary_does_not_know_fails_at_once_with_its_line(paths, tmp_path):
+    """r580 answers -S with "Unrecognized option", its help and exit 0, starting nothing (gpu-evidence probe2.txt): the start
+    says so at once instead of waiting for a daemon that never comes."""
+    binary = tmp_path / 'nvidia-cuda-mps-control'
+    binary.write_text('#!/bin/sh\necho "$*" > %s/argv\nprintf "Unrecognized option \\000\\nCUDA MPS Control for Linux\\n"\n' % tmp_path)
+    binary.chmod(0o755)
+    daemon = _daemon.Daemon(paths, str(binary), start_timeout=30, stop_timeout=0)
+    started = time.monotonic()
+    with pytest.raises(ControlBinaryError, match=r"does not know an option of .* -d -S: it printed 'Unrecognized option'"):
+        daemon.start(['GPU-a'], False, ['sm_partition add GPU-a 4'])
+    assert time.monotonic() - started < 10
+    assert (tmp_path / 'argv').read_text().split() == ['-d', '-S']
