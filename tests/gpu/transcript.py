@@ -111,9 +111,13 @@ STEPS: List[dict] = [
     {'id': 'after-option-S', 'op': 'ui', 'tag': 'C', 'commands': ['get_default_active_thread_percentage']},
     {'id': 'option-p', 'op': 'cli', 'tag': 'C', 'args': ['-d', '-p', '3']},
     {'id': 'after-option-p', 'op': 'ui', 'tag': 'C', 'commands': ['get_default_active_thread_percentage']},
+    # static SM partitions (CUDA 13.1, binary 13010): -v is how NVIDIA's own tools read the binary version; on r580 neither
+    # -v nor lspart is in the help (the simulator answers as for any unknown option or command there) - not yet asked
+    {'id': 'option-v', 'op': 'cli', 'tag': 'I', 'args': ['-v']},
     {'id': 'start-3', 'op': 'start', 'tag': 'C', 'args': ['-d']},
     {'id': 'priority', 'op': 'ui', 'tag': 'C',
      'commands': ['get_default_client_priority', 'set_default_client_priority 1', 'get_default_client_priority', 'set_default_client_priority 0']},
+    {'id': 'lspart', 'op': 'ui', 'tag': 'I', 'commands': ['lspart']},
     {'id': 'client-root', 'op': 'client', 'tag': 'C', 'name': 'c2'},
     {'id': 'client-other-user', 'op': 'client', 'tag': 'C', 'name': 'c3', 'uid': NOBODY, 'wait': 8},
     {'id': 'other-user-ps', 'op': 'ui', 'tag': 'C', 'commands': ['get_server_list', 'ps'], 'normalise': 'ps'},

@@ -1505,10 +1505,10 @@ class Daemon(StaticPartitions):
             'ok': True, 'client_pid': client.pid, 'client_uid': client.uid, 'server_pid': srv.pid, 'uid': srv.uid,
             'context_id': client.context_id, 'active_thread_percentage': client.pct, 'client_priority': client.priority,
             'pinned_mem_limit_mib': {str(k): v for k, v in client.mem.items()},
-            'sm_partition': client.partition.value if client.partition else None,
-            'sms': client.partition.sms if client.partition else None,
             'devices': [{'ordinal': i, 'uuid': self.cfg.gpus[i].uuid, 'name': self.cfg.gpus[i].name} for i in client.devices],
         }
+        if client.partition is not None:  # a client of a -S daemon: its partition and the SMs it got
+            reply.update(sm_partition=client.partition.value, sms=client.partition.sms)
         if not send_msg(client.conn, reply):
             self._detach(client)
 
