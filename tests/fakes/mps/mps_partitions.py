@@ -172,7 +172,7 @@ class StaticPartitions:
             return None, None
         if not value:
             return None, 'CUDA_MPS_SM_PARTITION is not set: every client of a static partitioning daemon must set it'
-        device, _, ident = value.partition('/')
+        device, _sep, ident = value.partition('/')
         for part in self.partitions:
             if part.ident == ident and (part.uuid == device or (len(device) >= 8 and part.uuid.startswith(device))):
                 if any(self.cfg.gpus[o].uuid != part.uuid for o in devices):  # type: ignore[attr-defined]
