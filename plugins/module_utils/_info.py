@@ -24,7 +24,7 @@ from ._errors import DaemonTimeoutError, InvalidParameterError, MpsError, NvmlEr
 from ._gpus import ENUMERATION_WARNING, MPS_ENUMERATION_VAR, Gpu, Nvml, all_devices, is_mig_uuid
 from ._io import untraversable_parents
 from ._resource.record import StartRecord, read_record
-from ._proc import child_pids, daemon_dev_shm, process_uid
+from ._proc import child_pids, daemon_dev_shm, process_uid, started_static
 from ._container import with_engine
 from ._limits.model import Limits, slice_env
 from ._limits.partitions import partitions_view
@@ -259,7 +259,7 @@ class Collector:
             'shm': record.shm,
             'container': None,
             # Started with -S (null without a record), and its partitions as lspart lists them (null: none read)
-            'static_partitioning': record.static_partitioning if found else None,
+            'static_partitioning': record.static_partitioning if found else started_static(state.pid) if state.running and state.pid else None,
             'sm_partitions': None,
         }
         # What the daemon really sees beats the record, which /run loses at boot.
@@ -302,7 +302,7 @@ class Collector:
         if blocked:
             self.warnings.append('%s cannot be traversed by other users: MPS clients of %s that do not run as root '
                                  'fail to connect (chmod o+x, or run clients as root)' % (', '.join(blocked), paths.name))
-        self._ask(paths, state.pid, uuids, persisted, facts, record.static_partitioning)
+        self._ask(paths, state.pid, uuids, persisted, facts, bool(facts['static_partitioning']))
         return facts
 
     def _ask(self, paths: ResourcePaths, pid: t.Optional[int], uuids: t.Sequence[str], persisted: t.Optional[Limits],

@@ -70,6 +70,17 @@ def looks_like_daemon(pid: int) -> bool:
     return comm == 'nvidia-cuda-mps-control'[:15]
 
 
+def started_static(pid: int) -> t.Optional[bool]:
+    """Whether the control daemon ``pid`` was started with ``-S`` (static SM partitioning): its arguments, which the forked
+    daemon keeps (``-d -S``); None when they cannot be read."""
+    try:
+        with open('/proc/%d/cmdline' % pid, 'rb') as handle:
+            argv = handle.read().split(b'\0')
+    except OSError:
+        return None
+    return b'-S' in argv or b'--static-partitioning' in argv
+
+
 def has_open(pid: int, path: str) -> bool:
     real = os.path.realpath(path)
     try:

@@ -14,14 +14,16 @@ from __future__ import annotations
 import typing as t
 
 from .._errors import InvalidParameterError, MpsError
+from .._proc import started_static
 from .._protocol.commands import SM_PARTITION
+from .._resource.store import STATIC_OPTION
 from .decide import LimitsDecision
 from .model import Limits
 from .partitions import DeviceChunks, decide_partitions, parse_lspart
 
 
 class PartitionPlan:
-    """Needs the manager's ``paths``, ``exact``, ``record`` and the priority mixin's ``_offers``."""
+    """Needs the manager's ``paths``, ``exact``, ``record``, ``state``, ``host_seen`` and the priority mixin's ``_offers``."""
 
     paths: t.Any
     exact: bool
@@ -30,10 +32,25 @@ class PartitionPlan:
     def _offers(self, command_word: str, observing: bool = False) -> t.Tuple[t.Optional[bool], str]:
         raise NotImplementedError
 
+    state: t.Any
+    host_seen: t.Any
+
     @property
     def static_running(self) -> bool:
-        """The daemon was started with -S (its start record): its partitions are read with its limits."""
-        return bool(self.record is not None and self.record.static_partitioning)
+        """The daemon was started with -S: its start record says so - or, without one (``/run`` is empty after a boot, and
+        systemd started it again with -S from the limits environment file), its arguments. Its partitions are then read
+        with its limits. A host plan keeps what its observe stage read of the arguments."""
+        if self.record is not None:
+            return self.record.static_partitioning
+        state = self.state
+        if state is None or not state.running or not state.pid:
+            return False
+        key = (str(state.pid), STATIC_OPTION)
+        if self.host_seen is None:
+            return bool(started_static(state.pid))
+        if key not in self.host_seen.offered:
+            self.host_seen.offered[key] = started_static(state.pid)
+        return bool(self.host_seen.offered[key])
 
     def _plan_partitions(self, wanted: Limits, persisted: t.Optional[Limits], uuids: t.Sequence[str], running: bool,
                          readout: t.Any, decision: LimitsDecision) -> t.Optional[t.Dict[str, DeviceChunks]]:

@@ -67,7 +67,8 @@ class HostSeen:
     # Files the plan read that observe had not: read when asked, and named here (a test holds it empty).
     unobserved: t.List[str] = field(default_factory=list)
     # Whether a control binary's help text lists a command, by (binary, command): read in the observe stage only where a
-    # resource wants a feature that older binaries lack and no daemon of it runs (client priority).
+    # resource wants a feature that older binaries lack and no daemon of it runs (client priority, SM partitions); and
+    # whether a daemon without a start record was started with -S, by (pid, '-S') - its arguments, read once.
     offered: t.Dict[t.Tuple[str, str], t.Optional[bool]] = field(default_factory=dict)
 
     def text(self, path: str) -> t.Optional[str]:

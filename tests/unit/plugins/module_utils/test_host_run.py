@@ -779,6 +779,25 @@ def test_sm_partitions_for_a_daemon_started_without_s_restart_it_with_the_reason
     assert [chunks for _gpu, _id, chunks in _partitions(host, 'train')] == [6]
 
 
+def test_a_static_daemon_whose_start_record_is_gone_is_known_by_its_arguments(host):
+    """/run is empty after a boot while the daemon runs again with -S (systemd, from the limits environment file): its
+    limits are read from its arguments - its partitions as they are, no restart asked for them, nothing sent."""
+    from ansible_collections.gpufleet.mps.plugins.module_utils._limits.manager import LimitsManager  # pylint: disable=import-outside-toplevel
+    from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import config_paths  # pylint: disable=import-outside-toplevel
+    from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.process import Daemon  # pylint: disable=import-outside-toplevel
+    _set_cuda('13010')
+    host.run([{'name': 'train', 'devices': [0], 'sm_partitions': [4]}])
+    paths = resource_paths(host.root, 'train')
+    os.remove(paths.started_file)
+    with _gpus.Nvml() as nvml:
+        manager = LimitsManager(paths, config_paths(host.params['config_dir'], 'train'), Daemon(paths, host.binary, start_timeout=10,
+                                                                                              stop_timeout=0), nvml.gpus(), True)
+        manager.sm_partitions = [4]
+        out = manager.ensure(None, None, None, 'ignore', True, False)
+    assert out.restart_needed == '' and out.commands == [] and not out.changed, out
+    assert [part['chunks'] for part in out.sm_partitions] == [4]
+
+
 @pytest.mark.parametrize('running', [True, False], ids=['daemon running', 'first start'])
 def test_a_binary_without_static_partitioning_is_refused_before_anything_changes(host, running, decide_audit):
     _set_cuda('13000')  # r580: no -S, no sm_partition (gpu-evidence probe2.txt)
