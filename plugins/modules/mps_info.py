@@ -478,7 +478,7 @@ daemons:
               chunks of each GPU's static SM partitions, empty when none); null when none are.
           type: dict
           sample: {active_thread_percentage: 25.0, pinned_device_mem_limit_mib: {GPU-6a2b5c1e-0000-4000-8000-000000000000: 3840}, replicas: null,
-                   client_priority: null}
+                   client_priority: null, sm_partitions: []}
         differences:
           description:
             - Where the reported limits disagree with the persisted ones, allowing for the lossy read-back - and, for a
