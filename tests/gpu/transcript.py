@@ -204,7 +204,10 @@ class Runner:  # pylint: disable=too-many-instance-attributes
         if self.uuid != MISSING_UUID:
             text = text.replace(self.uuid, '<GPU0>').replace(self.uuid[:22], '<GPU0-SHORT>')
         for pid in sorted(self.tokens, key=lambda p: -len(str(p))):
-            text = re.sub(rf'(?<![\w<]){pid}(?!\w|\.\d\d|>)', self.tokens[pid], text)
+            # not inside a word, a token, a dashed id (a GPU UUID's all-digit group, such as -4000-), a size (1.50)
+            # or a CUDA error code (805): pids are small numbers on a fresh machine (the H200 gave 451-516) and
+            # may equal any of them.  <pid>.<n> is a client list entry and is replaced.
+            text = re.sub(rf'(?<![\w<-])(?<!"code": )(?<!error ){pid}(?![\w>-]|\.\d\d)', self.tokens[pid], text)
         return TAG_RE.sub(lambda m: f' {m.group(1)} {m.group(2)}]', text)
 
     # ------------------------------------------------------------ processes

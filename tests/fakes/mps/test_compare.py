@@ -51,6 +51,22 @@ def test_two_simulator_runs_compare_equal(host: SimHost) -> None:
     assert (differing, hard) == (0, 0), '\n'.join(report)
 
 
+def test_a_pid_equal_to_a_uuid_digit_group_is_not_replaced_inside_the_uuid(tmp_path: object) -> None:
+    # CI once drew server pid 4000 on one side only: the ps DEVICE column's "-4000" became "-<SERVER4>" there
+    env = {'CUDA_MPS_PIPE_DIRECTORY': os.path.join(str(tmp_path), 'pipe'), 'CUDA_MPS_LOG_DIRECTORY': os.path.join(str(tmp_path), 'log'),
+           'CUDA_VISIBLE_DEVICES': 'GPU-9f00'}
+    runner = transcript.Runner([PYTHON, SIM], [PYTHON, CLIENT], env)
+    runner.token('SERVER', 4000)
+    runner.token('CLIENT', 2222)
+    row = '4000\n2222      1         4000      GPU-9f00aa01-2222-4000  4026531836     python3\n[x Server 4000] up'
+    assert runner.normalise(row) == ('<SERVER1>\n<CLIENT1>      1         <SERVER1>      <GPU0>aa01-2222-4000  4026531836     python3\n'
+                                     '[x Server <SERVER1>] up')
+    # nor a CUDA error code, which a low pid on a fresh machine may equal; a client list entry <pid>.<id> is a pid
+    runner.token('CLIENT', 805)
+    text = 'failed: {"code": 805, "detail": "x"} CUDA error 805\nclient 805 left\n805.1\n'
+    assert runner.normalise(text) == 'failed: {"code": 805, "detail": "x"} CUDA error 805\nclient <CLIENT2> left\n<CLIENT2>.1\n'
+
+
 def test_a_difference_is_reported_with_a_diff() -> None:
     real = [{'id': 'x', 'op': 'ui', 'tag': 'U', 'rc': 0, 'stdout': 'NORMAL\n', 'commands': ['get_default_client_priority']},
             {'id': 'y', 'op': 'ui', 'tag': 'C', 'rc': 0, 'stdout': '25.0\n'}]
