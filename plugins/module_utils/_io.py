@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -20,11 +21,6 @@ def read_text(path: str) -> t.Optional[str]:
             return handle.read()
     except FileNotFoundError:
         return None
-
-
-def read_json(path: str) -> t.Optional[t.Any]:
-    """The parsed JSON document, or None when the file is missing or not valid JSON."""
-    return parse_json(read_text(path))
 
 
 def parse_json(text: t.Optional[str]) -> t.Optional[t.Any]:
@@ -67,6 +63,17 @@ def atomic_write(path: str, content: str, mode: int = 0o644) -> bool:
     return True
 
 
+def rmdir_if_empty(path: str) -> bool:
+    """Remove a directory planned as empty; something put there since (or a mount on it) keeps it. True when removed."""
+    try:
+        os.rmdir(path)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.EBUSY, errno.ENOENT):
+            raise MpsError('cannot remove the directory %s: %s' % (path, exc.strerror), path=path) from exc
+        return False
+    return True
+
+
 def remove(path: str) -> bool:
     """Remove a file; return True when there was one."""
     try:
@@ -102,19 +109,55 @@ def ensure_dir(path: str, mode: int = 0o755) -> bool:
     return True
 
 
-def untraversable_parents(path: str) -> t.List[str]:
-    """Existing ancestors of ``path`` (and ``path``) that other users cannot traverse (no o+x).
+def refuse_unsafe_dirs(dirs: t.Sequence[t.Tuple[str, str]], view: t.Optional[t.Any] = None) -> None:
+    """Refuse, naming the parameter, a managed directory that another user could redirect or fill.
 
-    The MPS server runs as the client's uid and must reach ``<pipe>/log``: a 0700 parent makes every
-    non-root client fail.
+    ``dirs`` is (path, parameter) pairs; ``view`` the paths as a run read them (:class:`._observe.paths.PathView`; None:
+    the disk now). A directory that does not exist yet is fine (it is created 0755 by root). An existing one must be a
+    real directory, not a symbolic link, owned by root or by the user running the module, and not writable by others
+    unless sticky.
+    """
+    me = os.geteuid()
+    for path, param in dirs:
+        if view is not None:
+            entry = view.entry(path)
+            if entry.kind == 'missing':
+                continue
+            kind, mode, uid, link, error = entry.kind, entry.mode or 0, entry.uid, entry.link, entry.error
+        else:
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise UnsafePathError('%s: cannot inspect %s: %s' % (param, path, exc.strerror or exc), path=path, param=param) from exc
+            kind = 'directory' if stat.S_ISDIR(st.st_mode) else 'symbolic link' if stat.S_ISLNK(st.st_mode) else 'file'
+            mode, uid, link, error = stat.S_IMODE(st.st_mode), st.st_uid, os.readlink(path) if stat.S_ISLNK(st.st_mode) else None, ''
+        if error and kind not in ('directory', 'symbolic link', 'file'):
+            raise UnsafePathError('%s: cannot inspect %s: %s' % (param, path, error), path=path, param=param)
+        if kind == 'symbolic link':
+            raise UnsafePathError('%s: %s is a symbolic link (to %s); refusing to use it - give the real path' % (
+                param, path, link), path=path, param=param)
+        if kind != 'directory':
+            raise UnsafePathError('%s: %s exists and is not a directory' % (param, path), path=path, param=param)
+        if uid not in (0, me):
+            raise UnsafePathError('%s: %s is owned by uid %d, not by root; refusing to use it' % (param, path, uid),
+                                  path=path, param=param)
+        if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
+            raise UnsafePathError('%s: %s is writable by every user (mode %04o); refusing to use it (chmod o-w)' % (
+                param, path, mode), path=path, param=param)
+
+
+def untraversable(view: t.Any, path: str) -> t.List[str]:
+    """Existing ancestors of ``path`` (and ``path``) that other users cannot traverse (no o+x), as ``view`` read them
+    (_observe.reader.ancestors).
+
+    The MPS server runs as the client's uid and must reach ``<pipe>/log``: a 0700 parent makes every non-root client fail.
     """
     blocked = []
     current = os.path.abspath(path)
     while True:
-        try:
-            mode = os.stat(current).st_mode
-        except OSError:
-            mode = None
+        mode = view.mode(current)
         if mode is not None and not mode & stat.S_IXOTH:
             blocked.append(current)
         parent = os.path.dirname(current)
@@ -122,34 +165,6 @@ def untraversable_parents(path: str) -> t.List[str]:
             break
         current = parent
     return list(reversed(blocked))
-
-
-def refuse_unsafe_dirs(dirs: t.Sequence[t.Tuple[str, str]]) -> None:
-    """Refuse, naming the parameter, a managed directory that another user could redirect or fill.
-
-    ``dirs`` is (path, parameter) pairs. A directory that does not exist yet is fine (it is created
-    0755 by root). An existing one must be a real directory, not a symbolic link, owned by root or by
-    the user running the module, and not writable by others unless sticky.
-    """
-    me = os.geteuid()
-    for path, param in dirs:
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            raise UnsafePathError('%s: cannot inspect %s: %s' % (param, path, exc.strerror or exc), path=path, param=param) from exc
-        if stat.S_ISLNK(st.st_mode):
-            raise UnsafePathError('%s: %s is a symbolic link (to %s); refusing to use it - give the real path' % (
-                param, path, os.readlink(path)), path=path, param=param)
-        if not stat.S_ISDIR(st.st_mode):
-            raise UnsafePathError('%s: %s exists and is not a directory' % (param, path), path=path, param=param)
-        if st.st_uid not in (0, me):
-            raise UnsafePathError('%s: %s is owned by uid %d, not by root; refusing to use it' % (param, path, st.st_uid),
-                                  path=path, param=param)
-        if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
-            raise UnsafePathError('%s: %s is writable by every user (mode %04o); refusing to use it (chmod o-w)' % (
-                param, path, stat.S_IMODE(st.st_mode)), path=path, param=param)
 
 
 def restorer(path: str, observed: t.Optional[t.Tuple[t.Optional[str], t.Optional[int]]] = None) -> t.Callable[[], None]:

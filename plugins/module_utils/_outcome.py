@@ -1,11 +1,11 @@
 # Copyright: gpufleet.mps contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Decide, then execute: the typed changes a manager found to do, each with its reason, and their side effects.
+"""Decide, then execute: the typed changes a decision found to do, each with its reason, and their side effects.
 
-A manager reads the state and plans every change into an :class:`Outcome`, check mode or not: the plan
-is the same, so ``changed``, ``actions``, ``changes`` and ``diff`` are the same. Check mode stops there;
-otherwise :meth:`Outcome.apply` runs exactly the planned side effects in the planned order, and records
-each change only after its side effect has returned.
+A decision plans every change into an :class:`Outcome` from the run's view of the host, check mode or not: the plan is
+the same, so ``changed``, ``actions``, ``changes`` and ``diff`` are the same. Check mode stops there; otherwise the
+one executor (:func:`._execute.execute`) runs exactly the planned side effects in the planned order, records each change
+only after its side effect has returned, and on a failure puts back what can be put back.
 """
 
 from __future__ import annotations
@@ -61,6 +61,8 @@ class Outcome:
     changes: t.List[Change] = field(default_factory=list)
     # The side effects in order; one that completes a change names it (bookkeeping steps name none).
     steps: t.List[t.Tuple[t.Optional[Change], Step]] = field(default_factory=list, repr=False, compare=False)
+    # The changes the executor ran, each recorded after its side effect returned (check mode: none).
+    executed: t.List[Change] = field(default_factory=list)
 
     def act(self, action: str, run: t.Optional[Step] = None, reason: t.Optional[str] = None, kind: t.Optional[str] = None,
             ends_clients: bool = False) -> Change:
@@ -75,17 +77,6 @@ class Outcome:
     def step(self, run: Step) -> None:
         """Plan a side effect that is part of a change already listed (bookkeeping, a directory it needs)."""
         self.steps.append((None, run))
-
-    def apply(self, executed: t.Optional[t.List[Change]] = None) -> None:
-        """Run the planned side effects in order; the first that fails stops the rest (its error says why).
-
-        ``executed`` receives each change once its side effect has returned.
-        """
-        steps, self.steps = self.steps, []
-        for change, run in steps:
-            run()
-            if change is not None and executed is not None:
-                executed.append(change)
 
     def diff(self) -> t.Dict[str, t.Any]:
         return {'before': self.before, 'after': self.after}

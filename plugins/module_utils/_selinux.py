@@ -10,7 +10,6 @@ never touched.
 
 from __future__ import annotations
 
-import os
 import re
 import typing as t
 
@@ -67,17 +66,18 @@ def set_type(path: str, selinux_type: str) -> None:
         raise MpsError('cannot set the SELinux context %s on %s: %s' % (wanted, path, exc.strerror), path=path) from exc
 
 
-def plan_type(path: str, selinux_type: t.Optional[str], out: Outcome) -> t.Optional[str]:
+def plan_type(path: str, selinux_type: t.Optional[str], out: Outcome, view: t.Any) -> t.Optional[str]:
     """Plan giving ``path`` the SELinux type ``selinux_type``; returns its current type (None: nothing to do or know).
 
-    A path that does not exist yet is labelled once a planned step before this one has created it.
+    ``view``: the run's view of the host (_observe.view.HostView), which read SELinux's state and the path's label. A path
+    that does not exist yet is labelled once a planned step before this one has created it.
     """
-    if not selinux_type or not enabled():
+    if not selinux_type or not view.selinux:
         return None
-    if not os.path.lexists(path):
+    current = view.label(path)
+    if current is None:
         out.act('set SELinux type %s on %s' % (selinux_type, path), lambda: set_type(path, selinux_type))
         return None
-    current = type_of(context_of(path))
     if current != selinux_type:
         out.act('set SELinux type %s on %s (was %s)' % (selinux_type, path, current), lambda: set_type(path, selinux_type))
     return current

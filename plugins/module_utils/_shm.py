@@ -13,21 +13,18 @@ from __future__ import annotations
 
 import os
 import shutil
-import stat
 import subprocess
 import typing as t
 from dataclasses import dataclass
 
-from ._supervisor.liveness import inspect
-from ._errors import InvalidParameterError, MpsError
-from ._io import atomic_write, ensure_dir, read_text, remove
+from ._errors import InvalidParameterError, MpsError, UnsafePathError
+from ._execute import execute
+from ._io import atomic_write, ensure_dir, refuse_unsafe_dirs, remove, rmdir_if_empty
 from ._outcome import Outcome
-from ._resource.record import read_record
 from ._resource.lock import RootLock
-from ._proc import daemon_dev_shm
-from ._resource.layout import SHM_DIR, resource_paths, validate_root
-from ._observe.scan import scan_resources
-from ._selinux import enabled as selinux_enabled, plan_type, set_type as set_selinux_type, validate_type as validate_selinux_type
+from ._resource.layout import SHM_DIR, validate_root
+from ._observe.reader import Wants, read_host, read_labels, read_process, read_units
+from ._selinux import plan_type, set_type as set_selinux_type, validate_type as validate_selinux_type
 from ._supervisor.unit import Systemctl, systemd_is_pid1
 from ._tmpfs import (  # noqa: F401  pylint: disable=unused-import
     FLAGS, ShmState, check_unit_path, current_state, fstab_edit, fstab_entries, fstab_line, mount_options, mount_unit_name, real_path,
@@ -126,14 +123,28 @@ class ShmManager:
         # The caller stops every daemon of the root before the unmount (mps_host state=absent): its plan does not
         # refuse for them; the run itself checks again once they are stopped.
         self.daemons_stop_first = False
-        # Where the plan reads the host from: a host plan's observation (mps_host) or the host itself.
-        self.read_file: t.Callable[[str], t.Optional[str]] = read_text
-        self.list_dir: t.Callable[[str], t.List[str]] = os.listdir
-        self.mountinfo: t.Optional[str] = None  # /proc/self/mountinfo as observed (None: read it)
+        # The run's view of the host (_observe.view.HostView): every decision here reads it (ensure() reads its own).
+        self.view: t.Any = None
 
-    def observed_files(self) -> t.List[str]:
-        """What its plan compares: the fstab and the mount unit (a host plan observes them first)."""
-        return [self.fstab, self.unit_path]
+    def wants(self) -> Wants:
+        """What its plan looks at: the mount table, the tmpfs's directory, the fstab and the mount unit."""
+        wants = Wants().add(files=[self.fstab, self.unit_path], dirs=[self.path, self.given_path])
+        wants.mounts = True
+        return wants
+
+    def probe(self, view: t.Any) -> None:
+        """What its plan needs beyond the files, read into ``view`` before it is sealed: the mount unit's state, the
+        tmpfs root's SELinux label, and which running daemons of the root see the tmpfs as their /dev/shm."""
+        if self.systemctl is not None:
+            read_units(view, self.systemctl, [self.unit])
+        if self.selinux_type:
+            read_labels(view, [self.path])
+        for seen in view.resources.values():
+            if (seen.state.running or seen.state.conflict) and seen.state.pid:
+                read_process(view, seen.state.pid, self.path, True)
+
+    def _read(self, path: str, what: str) -> t.Optional[str]:
+        return self.view.text(path, what)
 
     @classmethod
     def for_host(cls, root: str, state: str, persist: str, fstab: str, unit_dir: str, check_mode: bool, selinux_type: t.Any,
@@ -153,8 +164,8 @@ class ShmManager:
                    systemctl=systemctl, selinux_type=validate_selinux_type(selinux_type))
 
     def _persisted(self) -> t.Dict[str, t.Any]:
-        fstab = self.read_file(self.fstab) or ''
-        return {'fstab': bool(fstab_entries(fstab, self.path)), 'unit': self.read_file(self.unit_path) is not None}
+        fstab = self._read(self.fstab, 'the fstab') or ''
+        return {'fstab': bool(fstab_entries(fstab, self.path)), 'unit': self._read(self.unit_path, 'a systemd mount unit') is not None}
 
     def daemons_using(self) -> t.List[str]:
         """Running daemons under the root whose /dev/shm is this tmpfs, as their own mount namespace shows it.
@@ -163,26 +174,33 @@ class ShmManager:
         without it).
         """
         users = []
-        for name in scan_resources(self.root):
-            paths = resource_paths(self.root, name)
-            state = inspect(paths)
+        for name, seen in sorted(self.view.resources.items()):
+            state = seen.state
             if not (state.running or state.conflict):
                 continue
-            seen = daemon_dev_shm(state.pid, self.path) if state.pid else None
-            record = read_record(paths)
-            if seen == self.path or (seen is None and record is not None and record.shm):
+            sees = self.view.dev_shm.get(state.pid) if state.pid else None
+            record = seen.record if seen.problem is None else None
+            if sees == self.path or (sees is None and record is not None and record.shm):
                 users.append(name)
         return users
 
+    def observe(self) -> t.Any:
+        """mps_shm's own view of the host: the root, its daemons, the tmpfs and its persistence; sealed."""
+        view = read_host(self.root, [], [], self.wants())
+        self.probe(view)
+        return view.seal()
+
     def ensure(self, state: str, size: object) -> ShmOutcome:
-        """Plan, then (unless in check mode) apply."""
+        """Read the host, decide, then (unless in check mode) execute exactly that."""
         if self.check_mode:
+            self.view = self.observe()
             return self.plan(state, size)
         # No daemon of the root is started, stopped or given limits while its tmpfs changes (their runs
-        # hold the root's lock shared); the state is read under the lock.
+        # hold the root's lock shared); the host is read under the lock.
         with RootLock(self.root, exclusive=True):
+            self.view = self.observe()
             out = self.plan(state, size)
-            out.apply()
+            execute(out)
         return out
 
     def plan(self, state: str, size: object) -> ShmOutcome:
@@ -190,8 +208,13 @@ class ShmManager:
         kib = size_kib(size, self.pages) if state == 'mounted' else None
         if kib is not None and self.persist == 'systemd':
             check_unit_path(self.path, 'root')
+        refuse_unsafe_dirs([(self.root, 'root')], self.view.paths)
+        if self.view.paths.islink(self.given_path):
+            # Its mode is this module's to repair (1777), so only a symbolic link is refused here.
+            raise UnsafePathError('root: %s is a symbolic link (to %s); refusing to mount through it' % (
+                self.given_path, self.view.paths.entry(self.given_path).link), path=self.given_path, param='root')
         out = ShmOutcome()
-        current = current_state(self.path, self.pages, mountinfo=self.mountinfo)
+        current = current_state(self.path, self.pages, mountinfo=self.view.mounts(), mode_of=self.view.mode, real=self.path)
         users = self.daemons_using() if state == 'absent' and current.mounted and not self.daemons_stop_first else []
         if users:
             # The host's unmount would succeed and leave those daemons with a detached tmpfs that no new
@@ -216,17 +239,14 @@ class ShmManager:
 
     def _remove_mount_point(self, current: ShmState, out: ShmOutcome) -> None:
         """The mount point this module created goes with the tmpfs, when nothing else was put there."""
-        if os.path.islink(self.path) or not os.path.isdir(self.path):
+        paths = self.view.paths
+        if paths.islink(self.path) or not paths.isdir(self.path):
             return
         if current.mounted:
             # What lies under the tmpfs is only seen once it is unmounted.
-            out.act('remove directory %s (when it is empty after the unmount)' % self.path, self._rmdir_if_empty)
-        elif not self.list_dir(self.path):
+            out.act('remove directory %s (when it is empty after the unmount)' % self.path, lambda: rmdir_if_empty(self.path))
+        elif not paths.listdir(self.path):
             out.act('remove directory %s' % self.path, lambda: os.rmdir(self.path))
-
-    def _rmdir_if_empty(self) -> None:
-        if not os.listdir(self.path):
-            os.rmdir(self.path)
 
     def _mount(self, current: ShmState, kib: int, out: ShmOutcome) -> None:
         if not current.mounted:
@@ -246,32 +266,32 @@ class ShmManager:
         A tmpfs comes back unlabelled at boot (its mount unit or fstab line mounts it): the daemons' units label it
         again before they start (their shm drop-in), as they do their pipe directories.
         """
-        if not self.selinux_type or not selinux_enabled():
+        if not self.selinux_type or not self.view.selinux:
             return
         if not current.mounted:
             selinux_type = self.selinux_type
             out.act('set SELinux type %s on %s' % (selinux_type, self.path), lambda: set_selinux_type(self.path, selinux_type))
             return
-        plan_type(self.path, self.selinux_type, out)
+        plan_type(self.path, self.selinux_type, out, self.view)
 
     def _persist(self, kib: t.Optional[int], out: ShmOutcome) -> None:
         """One persistence mechanism (or none): the other is removed, so two never fight at boot."""
-        fstab = self.read_file(self.fstab)
+        fstab = self._read(self.fstab, 'the fstab')
         wanted_line = fstab_line(self.path, kib) if kib is not None and self.persist == 'fstab' else None
         if fstab is not None or wanted_line is not None:
             new = fstab_edit(fstab or '', self.path, wanted_line)
             if new != (fstab or ''):
-                mode = stat.S_IMODE(os.stat(self.fstab).st_mode) if fstab is not None else 0o644
+                mode = (self.view.mode(self.fstab) or 0o644) if fstab is not None else 0o644
                 out.act('%s %s in %s' % ('write the entry for' if wanted_line else 'remove the entry for', self.path, self.fstab),
                         lambda: atomic_write(self.fstab, new, mode))
         unit = render_mount_unit(self.path, kib) if kib is not None and self.persist == 'systemd' else None
-        existing = self.read_file(self.unit_path)
+        existing = self._read(self.unit_path, 'a systemd mount unit')
         if unit is not None and existing != unit:
             out.act('write %s' % self.unit_path, lambda: (
                 ensure_dir(os.path.dirname(self.unit_path), 0o755), atomic_write(self.unit_path, unit, 0o644)))
             out.daemon_reload = True
         elif unit is None and existing is not None:
-            if self.systemctl is not None and self.systemctl.is_enabled(self.unit):
+            if self.systemctl is not None and self.view.unit(self.unit)[1]:
                 systemctl = self.systemctl
                 out.act('disable %s' % self.unit, lambda: systemctl.disable(self.unit))
             out.act('remove %s' % self.unit_path, lambda: remove(self.unit_path))
@@ -281,5 +301,5 @@ class ShmManager:
         systemctl = self.systemctl
         if out.daemon_reload:
             out.act('systemctl daemon-reload', systemctl.daemon_reload)
-        if unit is not None and not systemctl.is_enabled(self.unit):
+        if unit is not None and not self.view.unit(self.unit)[1]:
             out.act('enable %s' % self.unit, lambda: systemctl.enable(self.unit))

@@ -82,14 +82,15 @@ def real_path(path: str) -> str:
     return os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
 
 
-def mounted_at(path: str, mountinfo: t.Optional[str] = None) -> t.Optional[MountEntry]:
-    """The file system mounted on ``path`` (the topmost when mounts are stacked), or None."""
+def mounted_at(path: str, mountinfo: t.Optional[str] = None, real: t.Optional[str] = None) -> t.Optional[MountEntry]:
+    """The file system mounted on ``path`` (the topmost when mounts are stacked), or None. ``real``: its real path (as
+    :func:`real_path` gives it; a run's view has it)."""
     text = mountinfo if mountinfo is not None else read_mountinfo()
-    return _mounted_at(path, parse_mountinfo(text))
+    return _mounted_at(path, parse_mountinfo(text), real)
 
 
-def _mounted_at(path: str, entries: t.Sequence[MountEntry]) -> t.Optional[MountEntry]:
-    wanted = real_path(path)
+def _mounted_at(path: str, entries: t.Sequence[MountEntry], real: t.Optional[str] = None) -> t.Optional[MountEntry]:
+    wanted = real or real_path(path)
     found = None
     for entry in entries:
         if entry.mount_point == wanted:
@@ -114,7 +115,8 @@ class ShmState:
         return {'mounted': self.mounted, 'size_kib': self.size_kib, 'options': self.flags, 'mode': self.mode}
 
 
-def current_state(path: str, pages: t.Optional[t.Tuple[int, int]] = None, mountinfo: t.Optional[str] = None) -> ShmState:
+def current_state(path: str, pages: t.Optional[t.Tuple[int, int]] = None, mountinfo: t.Optional[str] = None,
+                  mode_of: t.Optional[t.Callable[[str], t.Optional[int]]] = None, real: t.Optional[str] = None) -> ShmState:
     """The tmpfs on ``path`` as the kernel reports it (the kernel omits size= at its default, half of RAM).
 
     Anything but a tmpfs of its own - another file system, or a bind mount of some other tmpfs (a
@@ -122,7 +124,7 @@ def current_state(path: str, pages: t.Optional[t.Tuple[int, int]] = None, mounti
     """
     text = mountinfo if mountinfo is not None else read_mountinfo()
     entries = parse_mountinfo(text)
-    entry = _mounted_at(path, entries)
+    entry = _mounted_at(path, entries, real)
     if entry is None:
         return ShmState(False)
     if entry.fstype != 'tmpfs':
@@ -136,10 +138,14 @@ def current_state(path: str, pages: t.Optional[t.Tuple[int, int]] = None, mounti
     total, page = pages or memory_pages()
     size = entry.super_options.get('size')
     kib = int(size[:-1]) if size and size.endswith('k') and size[:-1].isdigit() else (total // 2) * page // 1024
-    try:
-        mode = format(stat.S_IMODE(os.stat(path).st_mode), '04o')
-    except OSError:
-        mode = None
+    if mode_of is not None:
+        bits = mode_of(path)
+        mode = format(bits, '04o') if bits is not None else None
+    else:
+        try:
+            mode = format(stat.S_IMODE(os.stat(path).st_mode), '04o')
+        except OSError:
+            mode = None
     return ShmState(True, kib, [flag for flag in FLAGS if flag in entry.flags], mode)
 
 
@@ -186,10 +192,13 @@ def mount_unit_name(path: str) -> str:
     return systemd_instance(os.path.normpath(path).strip('/')) + '.mount'
 
 
-def shm_persisted(path: str, unit_dir: str, fstab: str = '/etc/fstab') -> bool:
-    """Whether a mount unit or an fstab line mounts ``path`` at boot."""
-    path = real_path(path)
-    return os.path.exists(os.path.join(unit_dir, mount_unit_name(path))) or bool(fstab_entries(read_text(fstab) or '', path))
+def shm_persisted(path: str, unit_dir: str, fstab: str = '/etc/fstab',
+                  reader: t.Optional[t.Callable[[str], t.Optional[str]]] = None, real: t.Optional[str] = None) -> bool:
+    """Whether a mount unit or an fstab line mounts ``path`` (real path ``real``) at boot (``reader``: the files as a run
+    read them)."""
+    path = real or real_path(path)
+    read = reader or read_text
+    return read(os.path.join(unit_dir, mount_unit_name(path))) is not None or bool(fstab_entries(read(fstab) or '', path))
 
 
 def check_unit_path(path: str, param: str) -> None:

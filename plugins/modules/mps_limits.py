@@ -271,13 +271,12 @@ restart_needed:
   version_added: 0.2.0
 '''
 
-from ansible_collections.gpufleet.mps.plugins.module_utils._errors import InvalidParameterError
+from ansible_collections.gpufleet.mps.plugins.module_utils._errors import InvalidParameterError, MpsError
 from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import ENUMERATION_WARNING, Nvml
 from ansible_collections.gpufleet.mps.plugins.module_utils._limits.manager import LimitsManager
 from ansible_collections.gpufleet.mps.plugins.module_utils._module import control_binary, finish, run_module
 from ansible_collections.gpufleet.mps.plugins.module_utils._options import spec
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import config_paths, resource_paths
-from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.liveness import inspect
 from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.process import Daemon
 
 
@@ -301,11 +300,15 @@ def run(module):
         raise InvalidParameterError('timeout', 'must be a positive number of seconds, got %d' % params['timeout'])
     paths = resource_paths(params['root'], params['name'])
     config = config_paths(params['config_dir'], params['name'])
-    daemon = None
-    if inspect(paths).running:
+    # The binary is needed only to talk to a running daemon (and to read its help): a missing one is said then.
+    try:
         daemon = Daemon(paths, control_binary(params['control_binary']), start_timeout=params['timeout'], stop_timeout=0)
+        missing = None
+    except MpsError as exc:
+        daemon, missing = None, exc
     with Nvml() as nvml:
         manager = LimitsManager(paths, config, daemon, nvml.gpus(), module.check_mode)
+        manager.missing_binary = missing
         manager.oversubscribe = params['oversubscribe']
         manager.client_priority = params['client_priority']
         manager.sm_partitions = params['sm_partitions']

@@ -155,10 +155,6 @@ actions:
   sample: ['mount a tmpfs of 65872896 KiB on /run/nvidia/mps/shm', 'write /etc/systemd/system/run-nvidia-mps-shm.mount']
 '''
 
-import os
-
-from ansible_collections.gpufleet.mps.plugins.module_utils._errors import UnsafePathError
-from ansible_collections.gpufleet.mps.plugins.module_utils._io import refuse_unsafe_dirs
 from ansible_collections.gpufleet.mps.plugins.module_utils._module import finish, run_module
 from ansible_collections.gpufleet.mps.plugins.module_utils._options import spec
 from ansible_collections.gpufleet.mps.plugins.module_utils._shm import ShmManager
@@ -183,11 +179,6 @@ def run(module):
     manager = ShmManager.for_host(params['root'], params['state'], params['persist'], params['fstab'], UNIT_DIR, module.check_mode,
                                   params['selinux_type'])
     persist = manager.persist
-    refuse_unsafe_dirs([(manager.root, 'root')])
-    if os.path.islink(manager.given_path):
-        # Its mode is this module's to repair (1777), so only a symbolic link is refused here.
-        raise UnsafePathError('root: %s is a symbolic link (to %s); refusing to mount through it' % (
-            manager.given_path, os.readlink(manager.given_path)), path=manager.given_path, param='root')
     outcome = manager.ensure(params['state'], params['size'])
     values = dict(path=manager.path, mounted=outcome.after['mounted'], size_kib=outcome.after['size_kib'], persist=persist,
                   unit=manager.unit)

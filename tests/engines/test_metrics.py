@@ -69,14 +69,15 @@ class Lab(NamedTuple):
 RENDER = r'''
 import json, sys
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import config_paths, resource_paths
-from ansible_collections.gpufleet.mps.plugins.module_utils._resource.record import read_record
+from ansible_collections.gpufleet.mps.plugins.module_utils._resource.record import StartRecord
 from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.health import render_health
 from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.unit import UNIT_NAME, render_env, render_unit, unit_environment
 args = json.loads(sys.argv[1])
 files, enabled = {}, []
 for name in args['resources']:
     paths, config = resource_paths(args['root'], name), config_paths(args['config_dir'], name)
-    record = read_record(paths)
+    with open(paths.started_file, encoding='utf-8') as handle:
+        record = StartRecord.from_data(json.load(handle))
     values = unit_environment(paths, config, record.devices, record.multiuser, record.compute_mode, args['control'], None, 5, 0o700)
     files[config.env_file] = render_env(name, values)
     enabled.append('gpufleet-mps@%s.service' % config.instance)

@@ -4,12 +4,10 @@
 
 from __future__ import annotations
 
-import errno
 import os
 import typing as t
 
-from .._errors import MpsError
-from .._io import remove
+from .._io import remove, rmdir_if_empty
 from .._observe.scan import scan_config, scan_resources
 from .._outcome import Outcome
 from .._resource.layout import SHM_DIR, config_paths
@@ -34,6 +32,10 @@ class Absent:
             self.paths.pipe_dir,
         ]
 
+    def removal_paths(self) -> t.List[str]:
+        """Every path a removal looks at (a run that removes the resource reads them first)."""
+        return self.created_files() + [os.path.join(self.unit_dir, UNIT_NAME)]
+
     def _purge(self, out: Outcome) -> None:
         """After the stop: remove what this collection created for the resource, and nothing else.
 
@@ -42,7 +44,8 @@ class Absent:
         (it is held until the module ends); the template unit goes with the last resource of its config
         directory.
         """
-        if self.systemctl is not None and not self._disable_planned and self.systemctl.is_enabled(self.unit):
+        view = self.view.paths
+        if self.systemctl is not None and not self._disable_planned and self.view.unit(self.unit)[1]:
             # Enabled by an earlier run with supervisor=systemd: it would start again at boot.
             self._apply_enabled(False, out)
         logs = [os.path.join(self.paths.log_dir, name) for name in LOG_FILES] + [self.paths.log_dir] if self.remove_logs else []
@@ -54,7 +57,7 @@ class Absent:
                 removed_unit_files = True
         if self._lock_existed:
             self._remove(lock, out)
-        elif os.path.lexists(lock):
+        elif self.own_lock:
             out.step(lambda: remove(lock))  # this run's own lock, on a directory that was there: no change of the host
             self._would_remove.append(lock)
         parents = [self.paths.resource_dir]
@@ -63,7 +66,7 @@ class Absent:
         for directory in parents + [self.paths.root, self.config.config_dir]:
             self._remove(directory, out)
         self._name_foreign(out)
-        if os.path.exists(unit_path) and not self._other_instances():
+        if view.exists(unit_path) and not self.host.keep_template and not self._other_instances():
             removed_unit_files = self._remove(unit_path, out) or removed_unit_files
         if removed_unit_files and self.systemctl is not None:
             out.act('systemctl daemon-reload', self.systemctl.daemon_reload)
@@ -78,12 +81,15 @@ class Absent:
         ours: t.Set[str] = set()
         # Every resource of the root, one whose logs alone are left (pruned, logs kept) included, at both levels
         # of a nested name (example.com/infer): its directory is this collection's, not a foreign file.
-        for name in scan_resources(self.paths.root, with_logs=True, listdir=self._listdir):
+        view = self.view.paths
+        for name in scan_resources(view, self.paths.root, with_logs=True):
             ours.add(os.path.join(self.paths.root, name.split('/')[0]))
             ours.add(os.path.join(self.paths.root, name))
+            # another resource's own entries, a nested name's parent resource's included
+            ours |= {os.path.join(self.paths.root, name, entry) for entry in ('pipe', 'log', '.started', RESOURCE_LOCK)}
         ours |= {os.path.join(self.paths.root, SHM_DIR), os.path.join(self.paths.root, '.ready'), self.paths.log_dir}
         ours |= {os.path.join(self.paths.resource_dir, name) for name in ('pipe', RESOURCE_LOCK)}
-        for name in scan_config(self.config.config_dir, self._listdir):
+        for name in scan_config(view, self.config.config_dir):
             other = config_paths(self.config.config_dir, name)
             ours |= {other.env_file, other.limits_file, other.limits_json, other.limits_env}
         checked = [self.paths.pipe_dir, self.paths.resource_dir]
@@ -94,10 +100,10 @@ class Absent:
             checked.append(self.paths.log_dir)
             ours.discard(self.paths.log_dir)
         for directory in checked:
-            if directory in gone or not os.path.isdir(directory) or os.path.ismount(directory):
+            if directory in gone or not view.isdir(directory) or view.ismount(directory):
                 continue
             try:
-                entries = sorted(self._listdir(directory))
+                entries = sorted(view.listdir(directory))
             except OSError:
                 continue
             foreign = [name for name in entries
@@ -107,15 +113,10 @@ class Absent:
                 out.warnings.append('state=absent kept %s: it holds what this collection did not create (%s%s)' % (
                     directory, ', '.join(foreign[:5]), ', ...' if len(foreign) > 5 else ''))
 
-    def _listdir(self, path: str) -> t.List[str]:
-        """A directory's entries, as the host plan observed them (else read now)."""
-        seen = self.host.host_seen
-        return seen.listdir(path) if seen is not None else os.listdir(path)
-
     def _other_instances(self) -> bool:
         """Another resource of this config directory still has an environment file: the template unit stays."""
         try:
-            names = self._listdir(self.config.config_dir)
+            names = self.view.listdir(self.config.config_dir)
         except OSError:
             return False
         gone = set(self._would_remove)
@@ -124,23 +125,15 @@ class Absent:
 
     def _remove(self, path: str, out: Outcome) -> bool:
         """Plan the removal of a file, or of a directory that is empty once what is planned before is removed."""
-        if path in self._would_remove or not os.path.lexists(path):
+        view = self.view.paths
+        if path in self._would_remove or not view.lexists(path):
             return False
-        if os.path.isdir(path) and not os.path.islink(path):
+        if view.isdir(path) and not view.islink(path):
             gone = set(self._would_remove)
-            if os.path.ismount(path) or any(os.path.join(path, name) not in gone for name in self._listdir(path)):
+            if view.ismount(path) or any(os.path.join(path, name) not in gone for name in view.listdir(path)):
                 return False  # a mount point is not the collection's to remove, nor a directory with others' files
-            out.act('remove directory %s' % path, lambda: _rmdir_if_empty(path))
+            out.act('remove directory %s' % path, lambda: rmdir_if_empty(path))
         else:
             out.act('remove %s' % path, lambda: remove(path))
         self._would_remove.append(path)
         return True
-
-
-def _rmdir_if_empty(path: str) -> None:
-    """Remove a directory planned as empty; something put there (or a mount) since the plan keeps it."""
-    try:
-        os.rmdir(path)
-    except OSError as exc:
-        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.EBUSY, errno.ENOENT):
-            raise MpsError('cannot remove the directory %s: %s' % (path, exc.strerror), path=path) from exc

@@ -6,18 +6,17 @@ from __future__ import annotations
 
 import datetime
 import os
-import stat
 import typing as t
 
 from .._gpus import all_devices
-from .._io import ensure_dir, remove, restorer, untraversable_parents
+from .._io import ensure_dir, remove, restorer, untraversable
 from .._errors import InvalidParameterError
 from .._limits.store import persist, read_persisted, read_replay, write_replay
 from .._protocol.commands import SET_DEFAULT_PRIORITY, SM_PARTITION
 from .._outcome import Outcome
 from .._resource.record import StartRecord, write_record
 from .._resource.store import wants_static
-from .._selinux import enabled as selinux_enabled, plan_type
+from .._selinux import plan_type
 from .._supervisor.liveness import PIPE_DIR_FILES, DaemonState
 from .model import DaemonOutcome, Wanted
 
@@ -33,7 +32,7 @@ class DaemonActions:
     def _prepare_dirs(self, out: Outcome) -> None:
         out.step(lambda: (ensure_dir(self.paths.pipe_dir, 0o755), ensure_dir(self.paths.log_dir, self.daemon.log_mode)))
         self._label(out)
-        blocked = untraversable_parents(self.paths.pipe_dir)
+        blocked = untraversable(self.view.paths, self.paths.pipe_dir)
         if blocked:
             out.warnings.append('%s cannot be traversed by other users: MPS clients that do not run as root will fail to '
                                 'connect (chmod o+x, or run clients as root)' % ', '.join(blocked))
@@ -43,15 +42,14 @@ class DaemonActions:
         if self._label_planned:
             return
         self._label_planned = True
-        current = plan_type(self.paths.pipe_dir, self.selinux_type, out)
-        if self.selinux_type and selinux_enabled() and isinstance(out, DaemonOutcome):
+        current = plan_type(self.paths.pipe_dir, self.selinux_type, out, self.view)
+        if self.selinux_type and self.view.selinux and isinstance(out, DaemonOutcome):
             out.selinux = {'before': current, 'after': self.selinux_type}
 
     def _repair_log_mode(self, out: Outcome) -> None:
         """Give an existing log directory the wanted mode (no restart: the daemon keeps its open files)."""
-        try:
-            current = stat.S_IMODE(os.lstat(self.paths.log_dir).st_mode)
-        except OSError:
+        current = self.view.mode(self.paths.log_dir)
+        if current is None:
             return
         wanted = self.daemon.log_mode
         if current != wanted:
@@ -89,27 +87,28 @@ class DaemonActions:
             planned = self.host.limits
             if planned is None or planned.empty:
                 return []
-            seen = self.host.host_seen  # the files as the host plan observed them
-            reader = seen.text if seen is not None else None
-            if self.host.limits_replay_for != uuids and write_replay(self.config, planned, uuids, check_mode=True, reader=reader):
+            view = self.view  # the files as the run read them
+            if self.host.limits_replay_for != uuids and write_replay(self.config, planned, uuids, check_mode=True, reader=view.text):
                 change = out.act('write %s for the new device order' % self.config.limits_file, lambda: (
                     ensure_dir(self.config.config_dir, 0o755), write_replay(self.config, planned, uuids, check_mode=False)))
-                change.undo = restorer(self.config.limits_file, (seen.text(self.config.limits_file), seen.mode(
-                    self.config.limits_file)) if seen is not None else None)
+                change.undo = restorer(self.config.limits_file, (view.text(self.config.limits_file), view.mode(self.config.limits_file)))
             return planned.commands(uuids)
-        limits = read_persisted(self.config)
+        view = self.view
+        limits = read_persisted(self.config, view.text)
         if limits is None:
-            return self._offered(read_replay(self.config))
-        added = limits.add_replica_shares(wanted.devices, all_devices(self.nvml.gpus()))
+            return self._offered(read_replay(self.config, view.text))
+        added = limits.add_replica_shares(wanted.devices, all_devices(view.gpus))
         if added:
             out.warnings.append('the persisted limits of %s had no pinned memory limit for %s: %s from replicas=%d' % (
                 self.paths.name, ', '.join(gpu.label for gpu in added), ', '.join(
                     '%dM' % limits.pinned_device_mem_limit[gpu.uuid] for gpu in added), limits.replicas))
-            out.act('write %s' % self.config.limits_json, lambda: (
+            change = out.act('write %s' % self.config.limits_json, lambda: (
                 ensure_dir(self.config.config_dir, 0o755), persist(self.config, limits, check_mode=False)))
-        if write_replay(self.config, limits, uuids, check_mode=True):
-            out.act('write %s for the new device order' % self.config.limits_file, lambda: (
+            change.undo = restorer(self.config.limits_json, (view.text(self.config.limits_json), view.mode(self.config.limits_json)))
+        if write_replay(self.config, limits, uuids, check_mode=True, reader=view.text):
+            change = out.act('write %s for the new device order' % self.config.limits_file, lambda: (
                 ensure_dir(self.config.config_dir, 0o755), write_replay(self.config, limits, uuids, check_mode=False)))
+            change.undo = restorer(self.config.limits_file, (view.text(self.config.limits_file), view.mode(self.config.limits_file)))
         return self._offered(limits.commands(uuids))
 
     def _offered(self, commands: t.List[str]) -> t.List[str]:
@@ -117,13 +116,13 @@ class DaemonActions:
 
         Only client priority is missing from some binaries; its help text is read (once) only when the replay has it.
         """
-        if any(cmd.split()[0] == SET_DEFAULT_PRIORITY for cmd in commands) and self.daemon.offers(SET_DEFAULT_PRIORITY) is False:
+        if any(cmd.split()[0] == SET_DEFAULT_PRIORITY for cmd in commands) and self.offered(SET_DEFAULT_PRIORITY) is False:
             raise InvalidParameterError('client_priority', 'the persisted limits of %s (%s) set a client priority, and the help '
                                         'text of %s lists no %s: this binary has no client priority. Nothing was started or '
                                         'stopped; unset it with gpufleet.mps.mps_limits (client_priority: normal) under a '
                                         'binary that has it, or remove it from the resource' % (
                                             self.paths.name, self.config.limits_json, self.daemon.binary, SET_DEFAULT_PRIORITY))
-        if wants_static(commands) and self.daemon.offers(SM_PARTITION) is False:
+        if wants_static(commands) and self.offered(SM_PARTITION) is False:
             raise InvalidParameterError('sm_partitions', 'the persisted limits of %s (%s) create static SM partitions, and the '
                                         'help text of %s lists no %s: this binary has no static partitioning (CUDA 13.1, '
                                         'control binary 13010, and later; r580 is 13000). Nothing was started or stopped; '
@@ -157,7 +156,7 @@ class DaemonActions:
     def _release(self, record: t.Optional[StartRecord], out: Outcome) -> None:
         if self.reset_on_stop and record and record.compute_mode != 'unchanged':
             self._set_compute_modes(self._releasable(set(record.devices), out), 'default', out)
-        if os.path.exists(self.paths.started_file) and self.paths.started_file not in self._would_remove:
+        if self.view.paths.lexists(self.paths.started_file) and self.paths.started_file not in self._would_remove:
             out.act('remove %s' % self.paths.started_file, lambda: remove(self.paths.started_file))
             self._would_remove.append(self.paths.started_file)
 

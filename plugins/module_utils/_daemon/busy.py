@@ -9,7 +9,7 @@ import typing as t
 
 from .._errors import MpsError
 from .._outcome import Outcome
-from .._observe.snapshot import clients_of
+from .._observe.reader import clients_of
 from .._proc import child_pids
 from .._protocol.state import read_state
 from .._supervisor.liveness import DaemonState
@@ -26,11 +26,11 @@ class BusyClients:
         return clients_of(read_state(self.daemon.query, 0, child_pids(pid) if pid else []))
 
     def observed_clients(self, pid: t.Optional[int]) -> t.List[t.Dict[str, t.Any]]:
-        """The clients as the host plan observed them, when it did; else as the daemon lists them now."""
-        seen = self.host.host_seen
-        if seen is not None and seen.clients.get(self.paths.name, (None,))[0] == pid:
-            return list(seen.clients[self.paths.name][1])
-        return self.connected_clients(pid)
+        """The clients of the running daemon ``pid`` as the run's view read them (its one control batch)."""
+        found = self.view.answered(self.view.clients, self.paths.name, 'the clients of %s' % self.paths.name)
+        if found[0] != pid:
+            raise MpsError('internal error: the clients of %s were read for pid %s, not %s' % (self.paths.name, found[0], pid))
+        return list(found[1])
 
     def _plan_busy(self, current: DaemonState, out: Outcome, change: str) -> None:
         """Connected clients would be ended by this stop: refuse (the default), wait for them, or go on and end them."""
@@ -50,8 +50,8 @@ class BusyClients:
             out.act('wait up to %ds for %d connected client(s) to leave - %s' % (self.busy_timeout, len(clients), named),
                     lambda: self._wait_idle(current.pid, change))
         else:
-            out.warnings.append('%s of the MPS control daemon for %s ends its %d connected client(s) (busy=terminate) - %s' % (
-                change, self.paths.name, len(clients), named))
+            out.warnings.append('%s of the MPS control daemon for %s %s its %d connected client(s) (busy=terminate) - %s' % (
+                change, self.paths.name, 'would end' if self.check_mode else 'ends', len(clients), named))
 
     def _wait_idle(self, pid: t.Optional[int], change: str) -> None:
         deadline = time.monotonic() + self.busy_timeout

@@ -31,6 +31,8 @@ class DaemonSeen:
     unit_active: t.Optional[bool] = None
     # Which /dev/shm the daemon's own mount namespace shows: the resource's tmpfs, the host's, or None (unknown).
     dev_shm: t.Optional[str] = None
+    # Why the start record that is there is none (not JSON, not a mapping); '' when it is one, or there is none.
+    corrupt: str = ''
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,8 @@ def daemon_differences(wanted: WantedDaemon, seen: DaemonSeen, started_file: str
         # The record lives in /run: lost at boot while systemd brought the daemon back from the file this module wrote.
         if wanted.supervisor == 'systemd' and seen.unit_active and not env_restart_keys(wanted, seen):
             return _shm_difference(wanted, seen)
+        if seen.corrupt:
+            return ['its %s record is corrupt (%s): what the running daemon was started with is unknown' % (started_file, seen.corrupt)]
         return ['no %s record for the running daemon' % started_file]
     found = []
     have = record.daemon_view()

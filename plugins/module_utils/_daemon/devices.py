@@ -8,7 +8,7 @@ import typing as t
 
 from .._errors import DeviceSelectionError, InvalidParameterError
 from .._gpus import VOLTA_CC, Gpu, all_devices, is_mig_uuid
-from .._observe.scan import ForeignDaemon, foreign_daemons, gpu_claims, live_daemons
+from .._observe.scan import ForeignDaemon, gpu_claims
 from .._outcome import Outcome
 from .._resource.record import StartRecord
 from .._selectors import resolve_devices
@@ -21,9 +21,8 @@ class DeviceChoice:
 
     def owned_elsewhere(self) -> t.Dict[str, str]:
         """UUID -> resource, for GPUs of the other live daemons under the same root."""
-        # The resources a host plan decides itself (ignore_owners) are not even read.
-        exclude = self.ignore_owners | {self.paths.name}
-        others = self.host.host_seen.live(exclude) if self.host.host_seen is not None else live_daemons(self.paths.root, exclude)
+        # The resources a host plan decides itself (ignore_owners) do not count.
+        others = self.view.live(self.ignore_owners | {self.paths.name})
         return {uuid: names[0] for uuid, names in gpu_claims({name: found[1] for name, found in others.items()}).items()}
 
     def foreign(self) -> t.Tuple[t.Dict[str, ForeignDaemon], t.List[ForeignDaemon]]:
@@ -34,13 +33,10 @@ class DeviceChoice:
         plugin's.
         """
         if self._foreign is None:
-            # A resource of this root is left to its record (owned_elsewhere names the resource).
-            if self.host.foreign_scan is not None:
-                # The host plan's one /proc scan: every daemon outside the root, and the root's orphans; this resource's
-                # own daemon is under the root and named by its pid file, so it is among neither.
-                known, unreadable = self.host.foreign_scan()
-            else:
-                known, unreadable = foreign_daemons(self.paths.pipe_dir, self.nvml.gpus(), self._own_pid, outside=self.paths.root)
+            # The view's one /proc scan: every daemon outside the root, and the root's orphans; this resource's own daemon
+            # is under the root and named by its pid file, so it is among neither (a resource of this root is left to its
+            # record: owned_elsewhere names the resource).
+            known, unreadable = self.view.daemons
             claims: t.Dict[str, ForeignDaemon] = {}
             for daemon in known:
                 if daemon.pid in self.host.ending_pids:
@@ -69,10 +65,7 @@ class DeviceChoice:
     def wanted(self, selectors: t.Any, multiuser: bool, compute_mode: str, enabled: bool, shm: bool = False,
                foreground: bool = False) -> Wanted:
         """Resolve and check the requested devices; raises before any side effect."""
-        if foreground and self.supervisor != 'systemd':
-            raise InvalidParameterError('foreground', 'needs supervisor=systemd (systemd keeps the foreground daemon and sends '
-                                        'its output to the journal); a daemon this module starts itself must detach (-d)')
-        devices = resolve_devices(selectors, self.nvml.gpus(), warnings=self.pending_warnings)
+        devices = resolve_devices(selectors, self.view.gpus, warnings=self.pending_warnings)
         if compute_mode != 'unchanged' and any(gpu.is_mig for gpu in devices):
             # NVML refuses compute modes on MIG devices and on a GPU in MIG mode: MIG isolates the instance instead.
             self.compute_mode_note = ('%s not applied: %s is a MIG device, and NVML has no compute mode for MIG devices (nor '
@@ -100,13 +93,15 @@ class DeviceChoice:
         """The shared tmpfs a daemon with shm=true needs: mounted (or mounted first by the same plan), and kept at boot."""
         # Imported here: only shm needs it (AnsiballZ compiles every module imported, on every run).
         from .._tmpfs import mounted_at, shm_persisted  # pylint: disable=import-outside-toplevel
-        if not self.shm_planned and mounted_at(self.paths.shm_dir) is None:
+        if not self.shm_planned and mounted_at(self.paths.shm_dir, self.view.mounts(), self.view.realpath(self.paths.shm_dir)) is None:
             message = ('%s does not exist or is not mounted: mount the shared tmpfs with gpufleet.mps.mps_shm before '
                        'starting daemons with shm=true' % self.paths.shm_dir)
             if not self.check_mode:
                 raise InvalidParameterError('shm', message)
             self.pending_warnings.append(message + ' (check mode carries on)')
-        if self.supervisor == 'systemd' and not self.shm_planned and not shm_persisted(self.paths.shm_dir, self.unit_dir):
+        if self.supervisor == 'systemd' and not self.shm_planned and not shm_persisted(self.paths.shm_dir, self.unit_dir,
+                                                                                       reader=self.view.text,
+                                                                                       real=self.view.realpath(self.paths.shm_dir)):
             self.pending_warnings.append(
                 '%s is mounted but neither a mount unit nor an fstab line brings it back at boot: the unit %s needs it '
                 '(RequiresMountsFor=, BindPaths=) and will fail to start after a reboot; mount it with '
@@ -117,7 +112,7 @@ class DeviceChoice:
         destroyed and created again with a new UUID (nvidia-mig-parted re-partitioning). Nothing is reset for them."""
         if record is None:
             return
-        known = {gpu.uuid for gpu in all_devices(self.nvml.gpus())}
+        known = {gpu.uuid for gpu in all_devices(self.view.gpus)}
         onto = wanted.devices if wanted is not None else self.restart_onto
         for uuid in record.devices:
             if uuid in known:
@@ -155,6 +150,6 @@ class DeviceChoice:
     def _releasable(self, uuids: t.Set[str], out: Outcome) -> t.List[Gpu]:
         """The GPUs of ``uuids`` whose compute mode may go back to DEFAULT: no other MPS daemon serves them."""
         # Observed (the other resources' records, the /proc scan, NVML), then decided (.decide, no I/O).
-        gpus, warnings = releasable(self.nvml.gpus(), uuids, set(self.owned_elsewhere()), self.keep_modes, self.foreign()[0])
+        gpus, warnings = releasable(self.view.gpus, uuids, set(self.owned_elsewhere()), self.keep_modes, self.foreign()[0])
         out.warnings.extend(warnings)
         return gpus

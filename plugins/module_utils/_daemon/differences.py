@@ -7,9 +7,7 @@ from __future__ import annotations
 import os
 import typing as t
 
-from .._io import read_text
 from .._limits.store import read_persisted
-from .._proc import daemon_dev_shm
 from .._resource.record import StartRecord
 from .._supervisor.liveness import DaemonState
 from .._supervisor.unit import parse_env
@@ -29,21 +27,21 @@ class Differences:
         """Whether the daemon starts with -S: the limits it starts with (a host plan's, else the persisted) create SM partitions."""
         if self.host.limits_planned:
             return bool(self.host.limits is not None and self.host.limits.sm_partitions)
-        seen_host = self.host.host_seen
-        limits = read_persisted(self.config, seen_host.text if seen_host is not None else None)
+        limits = read_persisted(self.config, self.view.text)
         return bool(limits is not None and limits.sm_partitions)
 
     def _seen(self, wanted: WantedDaemon, current: DaemonState, record: t.Optional[StartRecord]) -> DaemonSeen:
         """Read what the decision needs, and only that: the environment file and the unit under systemd, /dev/shm of a
         running daemon, the unit's activity only when the record is missing and the environment file is as wanted."""
-        seen_host = self.host.host_seen  # the file as a host plan observed it
-        text = seen_host.text(self.config.env_file) if seen_host is not None else read_text(self.config.env_file)
+        view = self.view
+        text = view.text(self.config.env_file, 'the environment file of %s' % self.paths.name)
         env = parse_env(text or '') if wanted.supervisor == 'systemd' else {}
-        dev_shm = daemon_dev_shm(current.pid, self.paths.shm_dir) if current.running and current.pid else None
-        seen = DaemonSeen(current, record, env, None, dev_shm)
+        dev_shm = view.answered(view.dev_shm, current.pid, 'the /dev/shm of pid %s' % current.pid) if current.running and current.pid else None
+        corrupt = view.resource(self.paths.name).corrupt
+        seen = DaemonSeen(current, record, env, None, dev_shm, corrupt)
         if (current.running and record is None and wanted.supervisor == 'systemd' and self.systemctl is not None
                 and not env_restart_keys(wanted, seen)):
-            seen = DaemonSeen(current, record, env, self.systemctl.is_active(self.unit), dev_shm)
+            seen = DaemonSeen(current, record, env, view.unit(self.unit)[0], dev_shm, corrupt)
         return seen
 
     def _differences(self, wanted: Wanted, current: DaemonState, record: t.Optional[StartRecord]) -> t.List[str]:

@@ -16,31 +16,31 @@ from dataclasses import dataclass
 
 from .._options import BUSY_CHOICES, COMPUTE_MODE_CHOICES, DEFAULT_BUSY_TIMEOUT
 from .._errors import InvalidParameterError, MpsError
-from .._gpus import Gpu, Nvml, all_devices
+from .._execute import execute
+from .._gpus import Gpu, Nvml
 from .._outcome import Outcome
 from .._io import refuse_unsafe_dirs
 from .._observe.scan import ForeignDaemon
 from .._container import with_engine
 from .._resource.layout import ConfigPaths, ResourcePaths, config_paths, container_view, managed_dirs, resource_paths, validate_log_mode
 from .._resource.lock import RESOURCE_LOCK, resource_lock
-from .._resource.record import StartRecord, read_record
+from .._resource.record import StartRecord
 from .._selinux import validate_type as validate_selinux_type
-from .._supervisor.liveness import DaemonState, inspect
+from .._supervisor.liveness import DaemonState
 from .._supervisor.process import Daemon
 from .._supervisor.unit import UNIT_DIR, Systemctl, instance_unit, systemd_is_pid1, validate_units
 from .absent import Absent
-# The unit tests import it from here.
-from .absent import _rmdir_if_empty  # noqa: F401  pylint: disable=unused-import
 from .actions import DaemonActions
 from .busy import BusyClients
 from .decide import decide_run
 from .devices import DeviceChoice
 from .differences import Differences
 from .model import DaemonOutcome, HostContext, Wanted
+from .observe import DaemonObserve
 from .systemd import SystemdUnit
 
 
-class ResourceManager(DeviceChoice, DaemonActions, SystemdUnit, BusyClients, Differences, Absent):
+class ResourceManager(DaemonObserve, DeviceChoice, DaemonActions, SystemdUnit, BusyClients, Differences, Absent):
     """Start, stop or restart the daemon of one resource."""
 
     def __init__(self, paths: ResourcePaths, config: ConfigPaths, daemon: Daemon, nvml: Nvml, supervisor: str,
@@ -74,6 +74,8 @@ class ResourceManager(DeviceChoice, DaemonActions, SystemdUnit, BusyClients, Dif
         self.shm_planned = host.shm_planned
         self.host = host
         self._lock_existed = False
+        # The resource's lock file was made by this run's own lock (mps_daemon): no change of the host.
+        self.own_lock = False
         self._unit_stop_planned = False
         self._disable_planned = False
         # What to do about clients connected to a daemon that must stop (a restart, a stop, absent).
@@ -97,8 +99,12 @@ class ResourceManager(DeviceChoice, DaemonActions, SystemdUnit, BusyClients, Dif
         self._ends_clients = False
 
     # --- reading -------------------------------------------------------------------------------
-    def record(self) -> t.Optional[StartRecord]:
-        return read_record(self.paths)
+    @property
+    def view(self) -> t.Any:
+        """The run's sealed view of the host (_observe.view.HostView): every decision of this manager reads it."""
+        if self.host.view is None:
+            raise MpsError('internal error: %s was decided without a view of the host' % self.paths.name)
+        return self.host.view
 
     def describe(self, state: DaemonState, record: t.Optional[StartRecord]) -> t.Dict[str, t.Any]:
         """The before/after view used for diff."""
@@ -108,12 +114,19 @@ class ResourceManager(DeviceChoice, DaemonActions, SystemdUnit, BusyClients, Dif
         return view
 
     # --- entry points ----------------------------------------------------------------------------
-    def _prepare(self, state: str, selectors: t.Any, multiuser: bool, compute_mode: str, enabled: bool, shm: bool,
-                 remove_logs: bool, foreground: bool) -> t.Optional[Wanted]:
-        """Check every option against the host and set up the run; raises before any side effect."""
+    def validate(self, state: str, compute_mode: str, foreground: bool) -> None:
+        """Options checked without the host: raises before anything is read or changed."""
         if compute_mode not in COMPUTE_MODE_CHOICES:
             raise InvalidParameterError('compute_mode', 'must be one of %s' % ', '.join(COMPUTE_MODE_CHOICES))
-        refuse_unsafe_dirs(managed_dirs(self.paths, self.config.config_dir))
+        if foreground and self.supervisor != 'systemd' and state not in ('stopped', 'absent'):
+            raise InvalidParameterError('foreground', 'needs supervisor=systemd (systemd keeps the foreground daemon and sends '
+                                        'its output to the journal); a daemon this module starts itself must detach (-d)')
+
+    def _prepare(self, state: str, selectors: t.Any, multiuser: bool, compute_mode: str, enabled: bool, shm: bool,
+                 remove_logs: bool, foreground: bool) -> t.Optional[Wanted]:
+        """Check every option against the view and set up the decision; raises before any side effect."""
+        self.validate(state, compute_mode, foreground)
+        refuse_unsafe_dirs(managed_dirs(self.paths, self.config.config_dir), self.view.paths)
         self.remove_logs = remove_logs
         if state == 'absent':
             enabled = False
@@ -124,52 +137,58 @@ class ResourceManager(DeviceChoice, DaemonActions, SystemdUnit, BusyClients, Dif
             self._systemd_files(wanted)  # a value no unit file can carry is refused now, before any side effect
         self.reset_on_stop = compute_mode != 'unchanged'
         self.enabled = enabled
-        self._lock_existed = os.path.exists(os.path.join(self.paths.resource_dir, RESOURCE_LOCK))
+        self._lock_existed = self.view.paths.lexists(os.path.join(self.paths.resource_dir, RESOURCE_LOCK)) and not self.own_lock
         return wanted
 
     def plan(self, state: str, selectors: t.Any, multiuser: bool, compute_mode: str, enabled: bool, shm: bool = False,
              remove_logs: bool = False, foreground: bool = False) -> 'DaemonOutcome':
-        """Every change that brings the resource to ``state``, unapplied (mps_host executes a whole host's plan)."""
+        """Every change that brings the resource to ``state``, decided from the view alone, unapplied."""
         return self._ensure(state, self._prepare(state, selectors, multiuser, compute_mode, enabled, shm, remove_logs, foreground))
 
     def ensure(self, state: str, selectors: t.Any, multiuser: bool, compute_mode: str, enabled: bool, shm: bool = False,
                remove_logs: bool = False, foreground: bool = False) -> Outcome:
-        """Bring the resource to ``state`` (started, stopped, restarted or absent)."""
-        wanted = self._prepare(state, selectors, multiuser, compute_mode, enabled, shm, remove_logs, foreground)
+        """Bring the resource to ``state`` (started, stopped, restarted or absent): read the host under the resource's
+        lock, decide, and (unless in check mode) execute exactly what was decided."""
+        self.validate(state, compute_mode, foreground)
+        args = (state, selectors, multiuser, compute_mode, enabled, shm, remove_logs, foreground)
         if self.check_mode:
-            return self._ensure(state, wanted)  # the plan, and nothing else
+            self.host.view = self.observe(state, shm, remove_logs)
+            return self.plan(*args)  # the plan, and nothing else
         if state == 'absent' and not os.path.isdir(self.paths.resource_dir):
             # Nothing under the root to serialise, and absent must not create the directories it removes.
-            out = self._ensure(state, wanted)
-            out.apply()
+            self.host.view = self.observe(state, shm, remove_logs)
+            out = self.plan(*args)
+            execute(out)
             return out
-        with resource_lock(self.paths):
-            # What was read before the lock may be stale: a concurrent run on this resource may just have
-            # set the compute modes. Read the GPUs again under the lock, so only one run reports the change.
+        with resource_lock(self.paths) as lock:
+            # What was read before the lock may be stale: a concurrent run on this resource may just have set the
+            # compute modes. The host is read under the lock, once.
+            self.own_lock = lock.path in lock.created  # this run's own lock file: no change of the host
             self.nvml.refresh()
-            if wanted is not None:
-                by_uuid = {gpu.uuid: gpu for gpu in all_devices(self.nvml.gpus())}
-                wanted.devices = [by_uuid.get(gpu.uuid, gpu) for gpu in wanted.devices]
-            out = self._ensure(state, wanted)
-            out.apply()
+            self.host.view = self.observe(state, shm, remove_logs)
+            try:
+                out = self.plan(*args)
+            except MpsError:
+                lock.discard()  # a refused run leaves nothing behind, not even the lock it made
+                raise
+            execute(out)
             return out
 
     def _ensure(self, state: str, wanted: t.Optional[Wanted]) -> 'DaemonOutcome':
-        """Read the state and plan every action; nothing is changed here."""
+        """Decide every action from the view; nothing is read or changed here."""
         out = DaemonOutcome()
         out.warnings.extend(self.pending_warnings)
         # A daemon the same plan stops first (the first half of its restart) is planned as stopped, without a record.
-        seen = self.host.seen  # the host plan's one observation of this resource, when there is one
-        current = DaemonState(False, None, None) if self.assume_stopped else seen.state if seen else inspect(self.paths)
+        seen = self.view.resource(self.paths.name)
+        current = DaemonState(False, None, None) if self.assume_stopped else seen.state
         self._own_pid = current.pid
         if current.conflict:
             raise MpsError('the MPS control daemon for %s: %s' % (self.paths.name, current.conflict), pid=current.pid)
-        record = None if self.assume_stopped else seen.record if seen else self.record()
+        record = None if self.assume_stopped else seen.record
+        if seen.corrupt and not self.assume_stopped:
+            out.warnings.append('the start record %s of %s is corrupt (%s): it is treated as missing and written anew' % (
+                self.paths.started_file, self.paths.name, seen.corrupt))
         out.before = self.describe(current, record)
-        if current.running and not self.daemon.answered:
-            # One UI process: does it answer at all? A hung daemon fails here, naming pid and log. (mps_host has
-            # just read its limits in one: that answer counts.)
-            self.daemon.ping()
         if wanted is None:
             self._ensure_stopped(current, record, out)
             if state == 'absent':
@@ -203,7 +222,7 @@ class ResourceManager(DeviceChoice, DaemonActions, SystemdUnit, BusyClients, Dif
             self._clean_stale(out)
             self._release(record, out)
         if self.supervisor == 'systemd' and self.systemctl is not None:
-            if not self._unit_stop_planned and self.systemctl.is_active(self.unit):
+            if not self._unit_stop_planned and self.view.unit(self.unit)[0]:
                 out.act('stop %s' % self.unit, lambda: self.systemctl.stop(self.unit))  # type: ignore[union-attr]
             if not self.enabled:
                 # Stopping never enables a unit; it disables one when asked to.
@@ -213,19 +232,12 @@ class ResourceManager(DeviceChoice, DaemonActions, SystemdUnit, BusyClients, Dif
                         out: Outcome) -> None:
         out.devices = [gpu.summary() for gpu in wanted.devices]
         self._repair_log_mode(out)
-        if os.path.isdir(self.paths.pipe_dir):
+        if self.view.paths.isdir(self.paths.pipe_dir):
             self._label(out)
         # Observed, then decided (.decide, no I/O): keep, restart, recover or start.
         action, why = decide_run(state, current, self._differences(wanted, current, record), self.restart_reason)
-        if wanted.shm and not self.check_mode and action != 'keep':
-            # Imported here: only shm needs it (AnsiballZ compiles every module imported, on every run).
-            from .._tmpfs import check_unit_path, mounted_at  # pylint: disable=import-outside-toplevel
-            # A daemon is about to be (re)started with the tmpfs as /dev/shm: find out now, before the old one
-            # is stopped or a compute mode changed, whether that can work here.
-            if wanted.supervisor == 'systemd':
-                check_unit_path(self.paths.shm_dir, 'root')
-            elif not self.shm_planned or mounted_at(self.paths.shm_dir) is not None:
-                self.daemon.check_shm_namespace()  # (a tmpfs the same plan mounts first is tried by the start itself)
+        if wanted.shm and action != 'keep':
+            self._check_shm_start(wanted)
         if action == 'keep':
             # Healthy and as wanted: only the compute mode may have drifted (it resets at reboot).
             claims = self.foreign()[0]
@@ -282,6 +294,8 @@ class DaemonSetup:
     selinux_type: str = ''
     unit_before: t.Tuple[str, ...] = ()
     unit_after: t.Tuple[str, ...] = ()
+    # where the units live (tests give a directory of their own)
+    unit_dir: str = UNIT_DIR
 
     @classmethod
     def from_params(cls, params: t.Mapping[str, t.Any], binary: t.Callable[[t.Optional[str]], str]) -> 'DaemonSetup':
@@ -338,7 +352,7 @@ class DaemonSetup:
 
     def manager(self, nvml: Nvml, check_mode: bool, host: t.Optional[HostContext] = None) -> ResourceManager:
         manager = ResourceManager(self.paths, self.config, self.daemon, nvml, self.supervisor, check_mode,
-                                  systemctl=self.systemctl, nvidia_smi=self.nvidia_smi, host=host)
+                                  systemctl=self.systemctl, nvidia_smi=self.nvidia_smi, unit_dir=self.unit_dir, host=host)
         manager.busy, manager.busy_timeout = self.busy, self.busy_timeout
         manager.selinux_type = self.selinux_type
         manager.unit_before, manager.unit_after = self.unit_before, self.unit_after

@@ -55,13 +55,10 @@ class HostContext:
     limits: t.Optional[t.Any] = None
     limits_replay_for: t.Optional[t.List[str]] = None
     limits_planned: bool = False
-    # What the run observed of this resource once, before deciding (_observe.snapshot.ResourceSeen); None: read it.
-    seen: t.Optional[t.Any] = None
-    # The host's one scan of its control daemons outside the root, and the root's orphans (_observe.scan.foreign_daemons
-    # with own_pipe_dir None): every resource of the plan reads it instead of scanning /proc again. None: scan here.
-    foreign_scan: t.Optional[t.Callable[[], t.Tuple[t.List[t.Any], t.List[t.Any]]]] = None
-    # The host plan's whole observation (_observe.snapshot.HostSeen): the root's other resources are read from it.
-    host_seen: t.Optional[t.Any] = None
+    # The same plan starts daemons of other resources under systemd: the template unit stays whatever is removed.
+    keep_template: bool = False
+    # The run's one view of the host (_observe.view.HostView), sealed: every decision reads it and nothing else.
+    view: t.Optional[t.Any] = None
 
 
 @dataclass

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import typing as t
 
-from .._io import atomic_write, ensure_dir, read_text, remove
+from .._io import atomic_write, ensure_dir, remove
 from .._outcome import Outcome
 from .._supervisor.liveness import PID_FILE, inspect
 from .._supervisor.unit import (
@@ -83,8 +83,7 @@ class SystemdUnit:
     def _install_unit(self, wanted: Wanted, out: Outcome) -> None:
         reload_needed = False
         for path, content in self._systemd_files(wanted).items():
-            seen = self.host.host_seen  # the files as a host plan observed them
-            if (seen.text(path) if seen is not None else read_text(path)) == content:
+            if self.view.text(path, 'a systemd unit file' if path != self.config.env_file else 'an environment file') == content:
                 continue
             if content is None:
                 out.act('remove %s' % path, lambda path=path: remove(path))
@@ -99,7 +98,7 @@ class SystemdUnit:
     def _apply_enabled(self, enabled: t.Optional[bool], out: Outcome) -> None:
         if enabled is None or self.systemctl is None:
             return
-        if self.systemctl.is_enabled(self.unit) != enabled:
+        if self.view.unit(self.unit)[1] != enabled:
             self._disable_planned = self._disable_planned or not enabled
             systemctl = self.systemctl
             out.act('%s %s' % ('enable' if enabled else 'disable', self.unit),

@@ -14,7 +14,8 @@ import typing as t
 
 from .._errors import InvalidParameterError
 from .._io import atomic_write, ensure_dir, read_text, remove
-from .._observe.snapshot import HostSeen, file_mode
+from .._observe.reader import Wants
+from .._observe.view import HostView
 from .._outcome import Outcome
 from .._resource.layout import resource_paths
 from .._supervisor.health import HEALTH_NAME, render_health
@@ -29,20 +30,27 @@ LOGROTATE_FILE = 'gpufleet-mps'
 HEALTH_TIMER = HEALTH_NAME + '.timer'
 
 
-def plan_write(out: Outcome, path: str, text: str, mode: int, why: str, seen: t.Optional[HostSeen] = None) -> bool:
-    """Plan writing ``text`` to ``path`` unless it is there already, with ``mode`` (as ``seen`` observed it; None: now)."""
-    current = seen.text(path) if seen is not None else read_text(path)
-    if current == text and (seen.mode(path) if seen is not None else file_mode(path)) == mode:
+def plan_write(out: Outcome, path: str, text: str, mode: int, why: str, view: HostView, what: str = 'a file') -> bool:
+    """Plan writing ``text`` to ``path`` unless it is there already, with ``mode`` (as ``view`` read it)."""
+    if view.text(path, what) == text and view.mode(path) == mode:
         return False
     out.act('write %s' % path, lambda: (ensure_dir(os.path.dirname(path), 0o755), atomic_write(path, text, mode)), why)
     return True
 
 
-def plan_remove(out: Outcome, path: str, why: str) -> bool:
-    if not os.path.lexists(path):
+def plan_remove(out: Outcome, path: str, why: str, view: HostView, what: str = 'a file') -> bool:
+    """Plan removing the file ``path`` where ``view`` found one; a directory there is refused, naming ``what`` it should be."""
+    if not view.paths.lexists(path):
         return False
+    view.paths.require_absent_or(path, 'file', what)
     out.act('remove %s' % path, lambda: remove(path), why)
     return True
+
+
+def _metrics_dir(script: t.Optional[str]) -> t.Optional[str]:
+    """Where a health check script writes its metrics (None: nowhere)."""
+    found = re.search(r"^metrics_dir='([^'\n]+)'$", script or '', re.M)
+    return found.group(1) if found else None
 
 
 class Around:
@@ -56,8 +64,8 @@ class Around:
         self.unit_dir = unit_dir
         self.systemctl = systemctl
         self.ready_path = os.path.join(root, READY_FILE)
-        # The host plan's observation, which every file compared here is read from (None: read now).
-        self.seen: t.Optional[HostSeen] = None
+        # The run's view of the host, which every file compared here is read from.
+        self.view: HostView = HostView()
 
     def _health_files(self) -> t.Dict[str, str]:
         p = self.params
@@ -66,12 +74,10 @@ class Around:
 
     def _old_metrics(self, wanted_dir: t.Optional[str]) -> t.Optional[str]:
         """The textfile an earlier health script wrote, where this run's writes none or another one: it goes too."""
-        script = next(iter(self._health_files()))
-        text = (self.seen.text(script) if self.seen is not None else read_text(script)) or ''
-        found = re.search(r"^metrics_dir='([^'\n]+)'$", text, re.M)
-        if not found or (wanted_dir and os.path.normpath(wanted_dir) == found.group(1)):
+        found = _metrics_dir(self.view.text(next(iter(self._health_files())), 'the health check script'))
+        if not found or (wanted_dir and os.path.normpath(wanted_dir) == found):
             return None
-        return os.path.join(found.group(1), METRICS_FILE)
+        return os.path.join(found, METRICS_FILE)
 
     def _drop_in(self) -> str:
         return os.path.join(self.params['logrotate_dir'], LOGROTATE_FILE)
@@ -83,10 +89,18 @@ class Around:
         p = self.params
         return [path for path in (p.get('slurm_task_prolog'), p.get('slurm_gres_conf')) if path]
 
-    def observed_files(self) -> t.List[str]:
-        """Every file this plans a write of by comparing it with what is there: the host plan observes them first."""
-        return (list(self._health_files()) + [self._drop_in()] + [path for path in [self._fact()] if path]
-                + self._slurm_files())
+    def wants(self) -> Wants:
+        """Every path this plans from: the files it compares with what it would write, the directories it checks."""
+        p = self.params
+        wants = Wants().add(files=list(self._health_files()) + [self._drop_in(), self._fact()] + self._slurm_files(),
+                            dirs=[p['logrotate_dir'], p.get('metrics_dir') or None],
+                            others=[self.ready_path, os.path.join(self.unit_dir, HEALTH_TIMER)])
+        # The textfile an earlier health script names (it may have to go): read now, to know which path to look at.
+        try:
+            old = _metrics_dir(read_text(next(iter(self._health_files()))))
+        except OSError:
+            old = None  # not a file: the decision refuses it, naming it
+        return wants.add(others=[os.path.join(old, METRICS_FILE)] if old else [])
 
     def _slurm_resources(self, plans: t.Sequence[t.Any]) -> t.List[t.Dict[str, t.Any]]:
         """The listed resources (_host.plan.ResourcePlan) as the Slurm hook renders them: their directories and GPUs in the
@@ -106,7 +120,7 @@ class Around:
         prolog, gres = p.get('slurm_task_prolog'), p.get('slurm_gres_conf')
 
         def current(path: str) -> t.Optional[str]:
-            return self.seen.text(path) if self.seen is not None else read_text(path)
+            return self.view.text(path, 'the Slurm file %s wants' % ('slurm_task_prolog' if path == prolog else 'slurm_gres_conf'))
 
         def ours(text: str) -> bool:
             return any(SLURM_MANAGED in line for line in text.split('\n')[:3])
@@ -120,26 +134,29 @@ class Around:
                                                 % (path, param))
             if prolog:
                 plan_write(out, prolog, render_task_prolog(self.root, resources, bool(p.get('slurm_memory_share'))), 0o755,
-                           'Slurm MPS jobs are pointed at the daemon of their GPU', self.seen)
+                           'Slurm MPS jobs are pointed at the daemon of their GPU', self.view, 'a Slurm TaskProlog (slurm_task_prolog)')
             if gres:
                 plan_write(out, gres, render_gres_conf(resources, p.get('slurm_device_dir') or '/dev'), 0o644,
-                           'Slurm offers the GPUs the daemons serve as mps shares', self.seen)
+                           'Slurm offers the GPUs the daemons serve as mps shares', self.view, 'a Slurm gres.conf (slurm_gres_conf)')
             return
         for path in (prolog, gres):
             text = current(path) if path else None
             if path and text is not None and ours(text):
-                plan_remove(out, path, 'slurm_hook=false' if p['state'] == 'present' else 'state=absent')
+                plan_remove(out, path, 'slurm_hook=false' if p['state'] == 'present' else 'state=absent', self.view)
 
     def ready_exists(self) -> bool:
-        """Observed: whether the ready mark is there now."""
-        return os.path.lexists(self.ready_path)
+        """Observed: whether the ready mark is there (a directory there is refused: the mark is an empty file)."""
+        return self.view.paths.lexists(self.ready_path)
 
     def withdraw_ready(self, out: Outcome, why: str) -> None:
         """The mark removed (decided by :func:`.decide.decide_ready`)."""
+        self.view.paths.require_absent_or(self.ready_path, 'file', 'the ready mark (an empty file)')
         out.act('remove %s' % self.ready_path, lambda: remove(self.ready_path), why)
 
     def mark_ready(self, out: Outcome, check: t.Callable[[], None]) -> None:
         """The mark, last: ``check`` (every listed daemon answers) runs first and raises when one does not."""
+        self.view.paths.require_absent_or(self.ready_path, 'file', 'the ready mark (an empty file)')
+
         def mark() -> None:
             check()
             ensure_dir(self.root, 0o755)
@@ -156,44 +173,48 @@ class Around:
         stale = self._old_metrics(p.get('metrics_dir') if wanted else None)
         if stale:
             plan_remove(out, stale, 'the health check writes its metrics %s now' % (
-                'to %s' % p['metrics_dir'] if wanted and p.get('metrics_dir') else 'nowhere'))
+                'to %s' % p['metrics_dir'] if wanted and p.get('metrics_dir') else 'nowhere'), self.view)
         if wanted and systemctl is not None:
             metrics_dir = p.get('metrics_dir')
-            if metrics_dir and not os.path.isdir(metrics_dir):
+            if metrics_dir and not self.view.paths.isdir(metrics_dir):
                 out.act('create %s' % metrics_dir, lambda: ensure_dir(metrics_dir, 0o755),
                         'the health check writes its metrics for node_exporter there')
             written = False
             for path, text in files.items():
                 written = plan_write(out, path, text, 0o644 if path.startswith(self.unit_dir) else 0o755,
-                                     'the health check keeps %s true between runs' % self.ready_path, self.seen) or written
+                                     'the health check keeps %s true between runs' % self.ready_path, self.view,
+                                     'a file of the health check') or written
+            active, enabled = self.view.unit(HEALTH_TIMER)
             if written:
                 out.step(systemctl.daemon_reload)
-            if written or not systemctl.is_enabled(HEALTH_TIMER):
+            if written or not enabled:
                 out.act('enable %s' % HEALTH_TIMER, lambda: systemctl.enable(HEALTH_TIMER))
-            if written or not systemctl.is_active(HEALTH_TIMER):
+            if written or not active:
                 out.act('start %s' % HEALTH_TIMER, lambda: systemctl.restart(HEALTH_TIMER))
-        elif os.path.exists(timer):
+        elif self.view.paths.exists(timer):
             if systemctl is not None:
                 out.act('stop and disable %s' % HEALTH_TIMER, lambda: (systemctl.stop(HEALTH_TIMER), systemctl.disable(HEALTH_TIMER)))
             for path in files:
-                plan_remove(out, path, 'the health check does not belong here (any more)')
+                plan_remove(out, path, 'the health check does not belong here (any more)', self.view)
             if systemctl is not None:
                 out.step(systemctl.daemon_reload)
 
     def logrotate(self, out: Outcome, present: bool) -> None:
         p = self.params
         drop_in = self._drop_in()
-        if present and p['logrotate'] and os.path.isdir(p['logrotate_dir']):
+        if present and p['logrotate'] and self.view.paths.isdir(p['logrotate_dir']):
             plan_write(out, drop_in, render_logrotate(self.root, p['logrotate_size'], p['logrotate_rotate']), 0o644,
-                       'rotate the daemons\' logs (copytruncate)', self.seen)
-        elif os.path.isdir(p['logrotate_dir']):
-            plan_remove(out, drop_in, 'state=absent' if not present else 'logrotate=false')
+                       'rotate the daemons\' logs (copytruncate)', self.view, 'a logrotate drop-in')
+        elif self.view.paths.isdir(p['logrotate_dir']):
+            plan_remove(out, drop_in, 'state=absent' if not present else 'logrotate=false', self.view)
 
     def local_facts(self, out: Outcome, text: t.Optional[str]) -> None:
         """``text`` is the facts file planned (None: no facts wanted)."""
         p = self.params
         fact = self._fact()
         if fact and text is not None:
-            plan_write(out, fact, text, 0o644, 'local facts for schedulers and later plays', self.seen)
+            plan_write(out, fact, text, 0o644, 'local facts for schedulers and later plays', self.view,
+                       'the local facts file (a JSON file)')
         elif fact:
-            plan_remove(out, fact, 'state=absent' if p['state'] != 'present' else 'local_facts=false')
+            plan_remove(out, fact, 'state=absent' if p['state'] != 'present' else 'local_facts=false', self.view,
+                        'the local facts file (a JSON file)')

@@ -26,7 +26,6 @@ session and one control UI process per running daemon.
 
 from __future__ import annotations
 
-import os
 import shutil
 import typing as t
 from dataclasses import dataclass, field
@@ -34,20 +33,19 @@ from dataclasses import dataclass, field
 from .._daemon.manager import DaemonSetup, HostContext
 from .._errors import DaemonTimeoutError, InvalidParameterError, MpsError
 from .._gpus import Gpu, Nvml
-from .._io import ensure_dir, refuse_unsafe_dirs, remove
+from .._io import refuse_unsafe_dirs, remove, rmdir_if_empty
 from .._limits.manager import LimitsManager
-from .._observe.scan import scan_config, scan_resources
-from .._observe.snapshot import HostSeen, ResourceSeen
-from .._outcome import Change, Outcome
+from .._observe.view import HostView
+from .._outcome import Outcome
 from .._resource.layout import validate_root
 from .._resource.lock import HostLock
-from .._supervisor.process import end_orphan
 from .._supervisor.logrotate import render_logrotate
-from .._supervisor.unit import UNIT_DIR, ObservedSystemctl, Systemctl, systemd_is_pid1
+from .._supervisor.unit import UNIT_DIR, Systemctl, systemd_is_pid1
 from .around import READY_FILE, Around
 from .decide import decide_ready, order_steps
 from .facts import facts_text, local_facts
 from .observe import observe
+from .orphans import end_orphans, refuse_orphans
 from .plan import ResourcePlan, plan_resources
 from .result import planned_resource, resource_result
 
@@ -64,8 +62,6 @@ class HostOutcome(Outcome):
     unhealthy: t.Dict[str, str] = field(default_factory=dict)
     facts: t.Optional[t.Dict[str, t.Any]] = None
     ui_processes: int = 0
-    # The changes a real run executed, each recorded after its side effect returned (check mode: none).
-    executed: t.List[Change] = field(default_factory=list)
 
     def take(self, name: str, out: Outcome) -> None:
         """One resource's (or part's) planned changes, named, in this run's order."""
@@ -92,8 +88,6 @@ class _Resource:
     # The first half of its restart (every stop of the plan comes before any start), and the limits read before it.
     stop: t.Optional[t.Any] = None
     first_limits: t.Optional[t.Any] = None
-    # What the run observed of it, once, before deciding (_observe.snapshot).
-    seen: t.Optional[ResourceSeen] = None
 
 
 class HostManager:
@@ -111,10 +105,9 @@ class HostManager:
         systemctl_path = shutil.which('systemctl')
         self.systemctl = Systemctl(systemctl_path) if systemctl_path and systemd_is_pid1() else None
         self.around = Around(params, self.root, self.config_dir, unit_dir, self.systemctl)
-        # The run's one observation of the host (_observe.snapshot), made by plan() under the host lock.
-        self.seen: t.Optional[HostSeen] = None
-        self.shm: t.Optional[t.Any] = None  # the shared tmpfs's manager (_shm.ShmManager), reading from the observation
-        self._observed_units: t.List[ObservedSystemctl] = []
+        # The run's one view of the host (_observe.view.HostView), read by observe() under the host lock, then sealed.
+        self.view: t.Optional[HostView] = None
+        self.shm: t.Optional[t.Any] = None  # the shared tmpfs's manager (_shm.ShmManager), deciding from the view
         # What the plan found worth saying without refusing (devices: all leaving out GPUs in MIG mode).
         self.plan_warnings: t.List[str] = []
 
@@ -128,14 +121,16 @@ class HostManager:
                       shm=p['shm'], container_root=p['container_root'], selinux_type=p['selinux_type'],
                       unit_before=p['unit_before'], unit_after=p['unit_after'])
         try:
-            return DaemonSetup.from_params(values, self.binary)
+            setup = DaemonSetup.from_params(values, self.binary)
+            setup.unit_dir = self.unit_dir
+            return setup
         except InvalidParameterError as exc:
             if plan is not None and exc.param == 'name':
                 raise InvalidParameterError('resources[%s].name' % name, exc.msg) from exc
             raise
 
-    def validate(self, gpus: t.Sequence[Gpu]) -> t.Tuple[t.List[_Resource], t.List[_Resource]]:
-        """(listed resources, resources to remove), every option checked; nothing read from a daemon, nothing changed."""
+    def validate(self, gpus: t.Sequence[Gpu]) -> t.List[_Resource]:
+        """The listed resources, every option checked; nothing read from a daemon, nothing changed."""
         p = self.params
         self.plan_warnings = []
         plans = plan_resources(p['resources'], gpus, 'resources', warnings=self.plan_warnings) if p['state'] == 'present' else []
@@ -152,15 +147,17 @@ class HostManager:
                     render_logrotate(self.root, p['logrotate_size'], p['logrotate_rotate'])
                 except MpsError as exc:
                     raise InvalidParameterError('logrotate_size', exc.msg) from exc
-        listed = [_Resource(plan.name, self._setup(plan.name, 'started', plan), plan) for plan in plans]
-        names = {plan.name for plan in plans}
-        removed = []
-        if p['state'] == 'absent' or p['prune']:
-            with_logs = p['state'] == 'absent' and p['remove_logs']
-            for name in sorted(set(scan_resources(self.root, with_logs)) | set(scan_config(self.config_dir))):
-                if name not in names:
-                    removed.append(_Resource(name, self._setup(name, 'absent', None)))
-        return listed, removed
+        return [_Resource(plan.name, self._setup(plan.name, 'started', plan), plan) for plan in plans]
+
+    def removed_setups(self, view: HostView, listed: t.Sequence[_Resource]) -> t.List[_Resource]:
+        """The resources the view found (under the root, or with files in the config directory) that are not listed, to be
+        removed (state=absent, or prune): innermost first, so that a nested name's directory empties its parent's."""
+        p = self.params
+        if not (p['state'] == 'absent' or p['prune']):
+            return []
+        names = {res.name for res in listed}
+        found = [name for name in view.resources if name not in names]
+        return [_Resource(name, self._setup(name, 'absent', None)) for name in sorted(found, key=lambda name: (-name.count('/'), name))]
 
     # --- the run -----------------------------------------------------------------------------------
     def lock_timeout(self) -> int:
@@ -169,82 +166,101 @@ class HostManager:
         return int(p['busy_timeout'] if p['busy'] == 'wait' else 0) + 2 * (p['start_timeout'] + p['stop_timeout']) + 60
 
     def ensure(self, gpus: t.Sequence[Gpu]) -> HostOutcome:
-        listed, removed = self.validate(gpus)
-        refuse_unsafe_dirs([(self.root, 'root'), (self.config_dir, 'config_dir')])
-        if not self.check_mode and self.params['state'] == 'present':
-            ensure_dir(self.root, 0o755)  # the lock's directory; a run on a new host waits for another run on it too
-        with HostLock(self.root, not self.check_mode, self.lock_timeout()) as lock:
+        """Observe the host once under its lock, decide every change from that view alone, execute exactly them."""
+        listed = self.validate(gpus)
+        # A real run creates the root first, the lock's directory (a run on a new host waits for another run on it too),
+        # and removes it again when it is refused.
+        create = not self.check_mode and self.params['state'] == 'present'
+        with HostLock(self.root, not self.check_mode, self.lock_timeout(), create=create) as lock:
             if lock.waited:
-                # Another run changed the host meanwhile: read it again, and plan from what it left.
+                # Another run changed the host meanwhile: plan from what it left.
                 self.nvml.refresh()
-                listed, removed = self.validate(self.nvml.gpus())
+                listed = self.validate(self.nvml.gpus())
+            self.view = None
             try:
-                out = self.plan(listed, removed)
-            except DaemonTimeoutError:
-                # A daemon that does not answer is not healthy: the ready mark goes, nothing else was changed.
-                if not self.check_mode and self.params['ready']:
-                    remove(os.path.join(self.root, READY_FILE))
-                raise
+                removed = self.observe(listed)
+                out = self.decide(listed, removed, self.view)
+            except MpsError as exc:
+                lock.discard()
+                raise self.refused(listed, exc) from exc
             if not self.check_mode and out.changed:
                 # Imported here: a run that changes nothing never compiles it (AnsiballZ compiles what is imported).
-                from .execute import execute  # pylint: disable=import-outside-toplevel
-                execute(out, listed, self.around.ready_path)
+                from .._execute import execute  # pylint: disable=import-outside-toplevel
+                execute(out)
             self._results(listed, out)
         out.ui_processes = sum(res.setup.daemon.client.processes for res in listed + removed)
         out.warnings[:0] = self.plan_warnings
         return out
 
-    def plan(self, listed: t.List[_Resource], removed: t.List[_Resource]) -> HostOutcome:
-        """Every change of the run, in the order that always works; nothing is changed here."""
-        return self.decide(listed, removed, self.observe(listed, removed))
+    def refused(self, listed: t.Sequence[_Resource], exc: MpsError) -> MpsError:
+        """A refused run changes nothing - but the ready mark: withdrawn when a listed resource no longer answers (its
+        daemon is not running, or did not answer), which the error says (check mode: that it would be)."""
+        if not self.params['ready'] or self.params['state'] != 'present':
+            return exc
+        view = self.view
+        down = sorted(res.name for res in listed if view is not None and res.name in view.resources
+                      and not view.resources[res.name].state.running)
+        if isinstance(exc, DaemonTimeoutError):
+            down.append('a daemon that did not answer')
+        ready = self.around.ready_path
+        if not down or (view is not None and ready in view.paths and not view.paths.lexists(ready)):
+            return exc
+        if not self.check_mode:
+            try:
+                remove(ready)
+            except OSError:
+                return exc  # not a file: its own refusal names it on the next run
+        exc.msg = '%s; %s %s, since %s no longer answer%s' % (
+            exc.msg, ready, 'would be withdrawn' if self.check_mode else 'was withdrawn', ', '.join(down),
+            's' if len(down) == 1 else '')
+        exc.args = (exc.msg,)
+        exc.details = dict(exc.details, ready_withdrawn=not self.check_mode)
+        return exc
 
-    def observe(self, listed: t.List[_Resource], removed: t.List[_Resource]) -> HostSeen:
-        """The host read once (:func:`.observe.observe`); every part of the plan decides from it."""
-        self.seen, self._observed_units = observe(self, listed, removed)
-        return self.seen
+    def observe(self, listed: t.List[_Resource]) -> t.List[_Resource]:
+        """The host read once (:func:`.observe.observe`) into the sealed view every decision reads; the resources the
+        view shows to be removed."""
+        self.view, removed = observe(self, listed)
+        return removed
 
-    def decide(self, listed: t.List[_Resource], removed: t.List[_Resource], seen: HostSeen) -> HostOutcome:
-        """The plan, from what :meth:`observe` saw (a unit test holds that nothing else is read here)."""
-        for proxy in self._observed_units:
-            proxy.deciding = True
-        try:
-            return self._decide(listed, removed, seen)
-        finally:
-            for proxy in self._observed_units:
-                proxy.deciding = False
-
-    def _decide(self, listed: t.List[_Resource], removed: t.List[_Resource], seen: HostSeen) -> HostOutcome:
+    def decide(self, listed: t.List[_Resource], removed: t.List[_Resource], view: HostView) -> HostOutcome:
+        """The plan, from the view alone: no file, process, socket or stat (a unit test makes them raise here)."""
         p = self.params
+        self.view = self.around.view = view
+        refuse_unsafe_dirs([(self.root, 'root'), (self.config_dir, 'config_dir')], view.paths)
         absent = p['state'] == 'absent'
+        orphans = view.orphans()
+        if orphans and p['orphans'] != 'stop':
+            refuse_orphans(orphans, self.root)
         ignore = frozenset(res.name for res in listed + removed)
         would_remove: t.List[str] = []
-        orphans = [daemon for daemon in seen.daemons[0] if daemon.orphan] if p['orphans'] == 'stop' else []
         ending = frozenset(daemon.pid for daemon in orphans)
 
         def context(**values: t.Any) -> HostContext:
-            """What every resource's manager is told by this plan (the one observation, the one /proc scan...)."""
-            return HostContext(ignore, would_remove, ending_pids=ending, foreign_scan=lambda: seen.daemons, host_seen=seen, **values)
+            """What every resource's manager is told by this plan (the one view, what it removes, what it ends first)."""
+            return HostContext(ignore, would_remove, ending_pids=ending, view=view, **values)
 
         # Whether each listed resource restarts: its limits and daemon planned against the host as it is.
         for res in listed:
             res.limits = self._limits(res, assume_stopped=False)
             res.daemon = self._daemon(res, 'restarted' if res.limits.restart_needed else 'started', context(
-                restart_reason=res.limits.restart_needed, seen=res.seen, shm_planned=p['shm'], **self._planned_limits(res)))
+                restart_reason=res.limits.restart_needed, shm_planned=p['shm'], **self._planned_limits(res)))
             res.restart = res.daemon.restarting
         kept = frozenset(gpu.uuid for res in listed for gpu in res.plan.devices) if p['compute_mode'] != 'unchanged' else frozenset()
         body = HostOutcome()
-        self._end_orphans(body, orphans, seen)
+        end_orphans(body, orphans, view, p, kept, ignore, self.nvml)
         if not absent:
             self._shm(body)
+        keep_template = any(res.setup.supervisor == 'systemd' for res in listed)
         for res in removed:
-            res.daemon = self._daemon(res, 'absent', context(keep_modes=kept, seen=res.seen))
+            res.daemon = self._daemon(res, 'absent', context(keep_modes=kept, keep_template=keep_template))
             body.take(res.name, res.daemon)
             body.removed.append(res.name)
         if absent:
             self._shm(body)
         for res in listed:
             if res.restart:
-                res.stop = self._daemon(res, 'stopped', context(keep_modes=kept, seen=res.seen, restart_for=res.daemon.restart_why,
+                res.stop = self._daemon(res, 'stopped', context(keep_modes=kept, restart_for=res.daemon.restart_why,
                                                                 restart_onto=res.plan.devices))
                 body.take(res.name, res.stop)
         for res in listed:
@@ -260,7 +276,8 @@ class HostManager:
     def _order(self, body: HostOutcome, listed: t.List[_Resource], absent: bool) -> HostOutcome:
         """Waits first, then the ready mark withdrawn if anything goes down, the body, the files around, the mark last."""
         out = HostOutcome(removed=body.removed, warnings=list(body.warnings))
-        down = [res.name for res in listed if res.restart or res.daemon.before.get('state') != 'running'] + list(body.removed)
+        down = ([res.name for res in listed if res.restart or res.daemon.before.get('state') != 'running'] + list(body.removed)
+                + [change.resource for change in body.changes if change.kind == 'stop' and change.action.startswith('end the orphan')])
         ready = decide_ready(absent, [res.name for res in listed], down, bool(self.params['ready']), self.around.ready_exists())
         head = Outcome()
         if absent:
@@ -274,10 +291,10 @@ class HostManager:
         self.around.slurm(tail, [res.plan for res in listed if res.plan] if not absent and self.params['slurm_hook'] else None)
         if not absent and self.params['local_facts']:
             out.facts = local_facts([res.plan.as_dict() for res in listed if res.plan], [planned_resource(res) for res in listed],
-                                    [gpu.facts() for gpu in self.nvml.gpus()], self.root)
+                                    [gpu.facts() for gpu in self.view.gpus], self.root)
         self.around.local_facts(tail, facts_text(out.facts) if out.facts is not None else None)
         if absent and self.params['remove_logs']:
-            tail.step(lambda: _rmdir_if_empty(self.root))
+            tail.step(lambda: rmdir_if_empty(self.root))
         if ready.mark:
             self.around.mark_ready(tail, lambda: self._check_healthy(listed))
         for change in head.changes + tail.changes:
@@ -289,36 +306,20 @@ class HostManager:
         out.changed = bool(out.changes)
         return out
 
-    # --- orphans -----------------------------------------------------------------------------------
-    def _end_orphans(self, out: HostOutcome, orphans: t.Sequence[t.Any], seen: HostSeen) -> None:
-        """orphans=stop: end each one first (TERM, then KILL), so that the resources can take its GPUs."""
-        p = self.params
-        for daemon in orphans:
-            servers = seen.orphan_servers.get(daemon.pid, [])
-            if servers and p['busy'] != 'terminate':
-                raise MpsError('orphans=stop: the orphaned MPS control daemon pid %d still has MPS server(s) %s, whose clients '
-                               'cannot be listed (quit cannot reach it); ending it ends them: set busy=terminate to go on, '
-                               'or end it yourself (kill %d); nothing was done' % (
-                                   daemon.pid, ', '.join(str(pid) for pid in servers), daemon.pid), pid=daemon.pid)
-            resource = os.path.relpath(os.path.dirname(daemon.pipe_dir), self.root)
-            out.act('end the orphaned MPS control daemon (pid %d)' % daemon.pid,
-                    lambda pid=daemon.pid: end_orphan(pid, p['stop_timeout']),
-                    'its pipe directory %s no longer leads to it (orphans=stop)' % daemon.pipe_dir, kind='stop',
-                    ends_clients=bool(servers)).resource = resource
-
     # --- one resource ------------------------------------------------------------------------------
     @staticmethod
     def _planned_limits(res: _Resource) -> t.Dict[str, t.Any]:
         return dict(limits=res.limits.wanted, limits_replay_for=res.limits.replay_for, limits_planned=True)
 
-    def limits_manager(self, res: t.Any, assume_stopped: bool) -> LimitsManager:
-        """The limits manager of a listed resource, reading from the run's observation."""
+    def limits_manager(self, res: t.Any, assume_stopped: bool, view: t.Optional[HostView] = None) -> LimitsManager:
+        """The limits manager of a listed resource, deciding from the run's view (``view``: the one being read)."""
         plan = res.plan
         if plan is None:
             raise MpsError('internal error: limits of the removed resource %s were asked for' % res.name)
-        running = not assume_stopped and res.seen is not None and res.seen.state.running
-        manager = LimitsManager(res.setup.paths, res.setup.config, res.setup.daemon if running else None, self.nvml.gpus(),
-                                self.check_mode, seen=None if assume_stopped else res.seen, files=self.seen)
+        view = view or self.view
+        running = not assume_stopped and view is not None and view.resource(res.name).state.running
+        manager = LimitsManager(res.setup.paths, res.setup.config, res.setup.daemon if running else None,
+                                view.gpus if view is not None else self.nvml.gpus(), self.check_mode, view=view)
         manager.follow(plan)
         manager.prober = res.setup.daemon
         manager.assume_stopped = assume_stopped
@@ -356,8 +357,9 @@ class HostManager:
         if manager is None:
             return
         absent = self.params['state'] == 'absent'
+        manager.view = self.view
         persisted = manager._persisted()
-        if absent and not os.path.isdir(manager.given_path) and not persisted['fstab'] and not persisted['unit']:
+        if absent and not self.view.paths.isdir(manager.given_path) and not persisted['fstab'] and not persisted['unit']:
             return
         out.take('shm', manager.plan('absent' if absent else 'mounted', self.params['shm_size']))
 
@@ -378,7 +380,7 @@ class HostManager:
         # A run that changed nothing reports the host as it observed it; one that did observes it again.
         again = not self.check_mode and bool(out.executed)
         for res in listed:
-            item = resource_result(res, self.check_mode, None if again else res.seen)
+            item = resource_result(res, self.check_mode, None if again or self.view is None else self.view.resource(res.name))
             if not item.pop('healthy_now', True):
                 out.unhealthy[res.name] = item['reason']
             item.pop('reason', None)
@@ -390,10 +392,3 @@ class HostManager:
                 remove(self.around.ready_path)
             raise MpsError('MPS daemons not healthy: %s (see the control.log in each one\'s log directory under %s)' % (
                 '; '.join('%s: %s' % item for item in sorted(out.unhealthy.items())), self.root), unhealthy=out.unhealthy)
-
-
-def _rmdir_if_empty(path: str) -> None:
-    try:
-        os.rmdir(path)
-    except OSError:
-        pass

@@ -1,51 +1,68 @@
 # Copyright: gpufleet.mps contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The observe stage of a host plan: the host read once, before anything is decided (_observe.snapshot.HostSeen).
+"""The observe stage of a host plan: the host read once, under the host lock, into the view every decision reads.
 
-Every resource under the root, the /proc scan, the files and directories the plan compares, one control batch per
-running daemon (its limits, servers and their clients), an orphan's servers, and - where systemd runs - every unit's
-state from one ``systemctl show``, which the managers' systemctl answers from while the plan is decided.
+Every resource under the root and in the config directory (listed, to be removed, or neither), the /proc scan with the
+root's orphans, the files and directories the plan compares, the mount table where something may be unmounted or
+removed, every unit's state from one ``systemctl show``, one control batch per running daemon (its limits, servers and
+their clients), an orphan's servers, what the control binary offers where a wanted limit needs it.
 """
 
 from __future__ import annotations
 
 import typing as t
 
-from .._observe.snapshot import HostSeen, observe_host
-from .._proc import child_pids, read_mountinfo
-from .._supervisor.unit import ObservedSystemctl, instance_unit
+from .._observe.paths import read_paths
+from .._observe.reader import Wants, read_daemon, read_host, read_orphan_servers, read_units
+from .._observe.view import HostView
+from .._proc import read_mountinfo
+from .._supervisor.unit import instance_unit
 from .around import HEALTH_TIMER
 
 
-def observe(host: t.Any, listed: t.List[t.Any], removed: t.List[t.Any]) -> t.Tuple[HostSeen, t.List[ObservedSystemctl]]:
-    """``host`` (a HostManager) and its resources observed: (what was seen, the systemctl answering from it)."""
-    resources = listed + removed
-    files = [path for res in resources for path in (
-        res.setup.config.env_file, res.setup.config.limits_json, res.setup.config.limits_file, res.setup.config.limits_env)]
+def observe(host: t.Any, listed: t.List[t.Any]) -> t.Tuple[HostView, t.List[t.Any]]:
+    """``host`` (a HostManager) and its listed resources observed: (the sealed view, the resources to remove)."""
+    p = host.params
+    absent = p['state'] == 'absent'
     shm = host.shm = _shm_manager(host)
-    files += shm.observed_files() if shm is not None else []
-    files += [path for res in resources if res.setup.systemctl is not None
-              for path in res.setup.manager(host.nvml, host.check_mode).unit_files()]
-    seen = observe_host(host.root, (res.setup.paths for res in resources), host.nvml.gpus(),
-                        files + host.around.observed_files(), [host.config_dir] + ([shm.path] if shm else []))
-    host.seen = host.around.seen = seen  # the limits managers below read from it
+    wants = host.around.wants()
     if shm is not None:
-        shm.read_file, shm.list_dir, shm.mountinfo = seen.text, seen.listdir, read_mountinfo()
-    units = _observe_units(host, resources, seen)
-    for res in resources:
-        res.seen = seen.resources[res.name]
+        wants.merge(shm.wants())
+    managers = {res.name: res.setup.manager(host.nvml, host.check_mode) for res in listed}
+    for res in listed:
+        wants.merge(managers[res.name].wants(p['shm']))
+    view = read_host(host.root, host.nvml.gpus(), [(res.setup.paths, res.setup.config) for res in listed], wants,
+                     with_logs=absent and p['remove_logs'], config_dir=host.config_dir)
+    removed = host.removed_setups(view, listed)
+    if removed:
+        # What a removal looks at beyond the resource's own paths: its unit files, and which directories are mount points.
+        more = Wants()
+        for res in removed:
+            managers[res.name] = res.setup.manager(host.nvml, host.check_mode)
+            more.merge(managers[res.name].wants(False)).add(others=managers[res.name].removal_paths())
+        if view.mountinfo is None:
+            view.mountinfo = read_mountinfo()
+            view.paths = view.paths.with_mounts(view.mountinfo)
+        view.paths = view.paths.merged(read_paths(more.files - set(view.paths.paths()), more.dirs - set(view.paths.paths()),
+                                                  more.others - set(view.paths.paths()), mountinfo=view.mountinfo))
+    _observe_units(host, listed + removed, managers, view)
     for res in listed:
         # The one control batch of each running daemon (defaults, servers, their limits and clients).
-        host.limits_manager(res, assume_stopped=False).observe()
-    if host.params['orphans'] == 'stop':
-        # The MPS servers of each orphaned daemon of the root (ending it ends them: busy decides).
-        seen.orphan_servers = {daemon.pid: child_pids(daemon.pid) for daemon in seen.daemons[0] if daemon.orphan}
-    for res in resources:
-        # A daemon the plan stops or moves: its servers' clients, which busy decides about.
-        if res.seen.state.running and res.seen.state.pid and res.name not in seen.clients:
-            seen.read_daemon(res.name, res.setup.daemon.query, 0, res.seen.state.pid)
-            res.setup.daemon.answered = True
-    return seen, units
+        host.limits_manager(res, assume_stopped=False, view=view).probe(view)
+        managers[res.name].probe(view, 'started', p['shm'], ordinals=None)
+    for name, seen in sorted(view.resources.items()):
+        # A daemon the plan stops or removes, listed or not: its servers' clients, which busy decides about.
+        if seen.state.running and seen.state.pid and name not in view.readouts:
+            manager = managers.get(name)
+            if manager is not None:
+                read_daemon(view, name, manager.daemon.query, 0, seen.state.pid)
+                manager.daemon.answered = True
+    for res in removed:
+        managers[res.name].probe(view, 'absent', False, ordinals=None)
+    read_orphan_servers(view)
+    if shm is not None:
+        shm.probe(view)
+    return view.seal(), removed
 
 
 def _shm_manager(host: t.Any) -> t.Optional[t.Any]:
@@ -63,25 +80,15 @@ def _shm_manager(host: t.Any) -> t.Optional[t.Any]:
     return manager
 
 
-def _observe_units(host: t.Any, resources: t.List[t.Any], seen: HostSeen) -> t.List[ObservedSystemctl]:
-    """Where systemd runs: every resource's unit and the health timer, active and enabled, in ONE systemctl process;
-    each systemctl of the plan is replaced by one that answers from it while the plan is decided."""
+def _observe_units(host: t.Any, resources: t.List[t.Any], managers: t.Mapping[str, t.Any], view: HostView) -> None:
+    """Where systemd runs: every resource's unit, the health timer and the tmpfs's mount unit, in ONE systemctl process."""
     real = host.systemctl or next((res.setup.systemctl for res in resources if res.setup.systemctl is not None), None)
     if real is None:
-        return []
+        return
     units = [instance_unit(res.setup.config.instance) for res in resources if res.setup.systemctl is not None]
-    states = real.states(units + ([HEALTH_TIMER] if host.systemctl is not None else []))
-    observed: t.List[ObservedSystemctl] = []
-
-    def answering(systemctl: t.Any) -> ObservedSystemctl:
-        # A run that waited for another observes again: its proxies answer from the new observation.
-        proxy = systemctl if isinstance(systemctl, ObservedSystemctl) else ObservedSystemctl(systemctl, states, seen.unobserved)
-        proxy.states, proxy.unobserved = states, seen.unobserved
-        observed.append(proxy)
-        return proxy
-    for res in resources:
-        if res.setup.systemctl is not None:
-            res.setup.systemctl = answering(res.setup.systemctl)
-    if host.around.systemctl is not None:
-        host.around.systemctl = answering(host.around.systemctl)
-    return observed
+    if host.systemctl is not None:
+        units.append(HEALTH_TIMER)
+    if host.shm is not None and host.shm.systemctl is not None:
+        units.append(host.shm.unit)
+    read_units(view, real, units)
+    del managers  # each manager's probe finds its unit's state read already

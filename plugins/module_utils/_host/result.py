@@ -7,7 +7,7 @@ from __future__ import annotations
 import typing as t
 
 from .._errors import MpsError
-from .._limits.store import persisted_facts, read_persisted
+from .._limits.store import persisted_facts
 from .._supervisor.liveness import inspect
 
 
@@ -29,8 +29,10 @@ def resource_result(res: t.Any, check_mode: bool, seen: t.Optional[t.Any] = None
     reason = ''
     daemon = res.daemon
     stop = getattr(res, 'stop', None)
+    running = state.running
     if check_mode:
-        healthy = state.running or bool(daemon and daemon.changed)
+        # as planned: a daemon the plan starts (or keeps) runs and answers afterwards
+        healthy = running = state.running or bool(daemon and daemon.changed)
     elif state.running:
         try:
             if not res.setup.daemon.answered:
@@ -47,7 +49,7 @@ def resource_result(res: t.Any, check_mode: bool, seen: t.Optional[t.Any] = None
     return {
         'name': res.name,
         'pid': state.pid if state.running else (daemon.pid if daemon else None),
-        'running': state.running,
+        'running': running,
         'healthy': healthy,
         'healthy_now': healthy or check_mode,
         'reason': reason or ('' if healthy else 'not running'),
@@ -56,7 +58,7 @@ def resource_result(res: t.Any, check_mode: bool, seen: t.Optional[t.Any] = None
         'replicas': res.plan.replicas if res.plan else None,
         'env': paths.client_env(),
         'container': res.setup.container,
-        'limits': {'persisted': persisted_facts(read_persisted(res.setup.config)), 'commands': limits.commands if limits else [],
+        'limits': {'persisted': planned_resource(res)['limits']['persisted'], 'commands': limits.commands if limits else [],
                    'pending': limits.pending if limits else []},
         'restarted': res.restart,
         'changed': any(part.changed for part in parts),

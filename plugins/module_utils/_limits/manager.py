@@ -17,14 +17,13 @@ from .._options import RUNNING_SERVERS_CHOICES
 from .._errors import DeviceSelectionError, InvalidParameterError, MpsError
 from .._outcome import Outcome
 from .._protocol.commands import PRIORITY_NAMES, SET_DEFAULT_PRIORITY, SM_PARTITION, check_applied
-from .._protocol.state import read_state
+from .._execute import execute
+from .._observe.reader import read_daemon, read_help, read_host, read_process
 from .._resource.lock import resource_lock
-from .._supervisor.liveness import DaemonState, inspect
+from .._supervisor.liveness import DaemonState
 from .._supervisor.process import Daemon
 from .._gpus import Gpu, all_devices, is_mig_uuid
-from .._io import ensure_dir, read_text, refuse_unsafe_dirs, remove, restorer
-from .._resource.record import read_record
-from .._proc import child_pids, uuids_from_environ
+from .._io import atomic_write, ensure_dir, refuse_unsafe_dirs, remove, restorer
 from .model import (
     check_fits,
     check_shares_fit,
@@ -40,7 +39,7 @@ from .decide import LimitsSeen, ServerLimits, decide_limits
 from .partition_plan import PartitionPlan
 from .partitions import check_partition_gpus, parse_partitions, partitions_view
 from .priority import PriorityCheck
-from .store import persist, read_persisted, write_replay
+from .store import persist, read_persisted, rendered, write_replay
 from .._resource.layout import ConfigPaths, ResourcePaths, managed_dirs
 from .._selectors import resolve_devices
 from .._supervisor.unit import parse_env
@@ -76,17 +75,14 @@ class LimitsManager(PriorityCheck, PartitionPlan):
     """Limits of one resource."""
 
     def __init__(self, paths: ResourcePaths, config: ConfigPaths, daemon: t.Optional[Daemon], gpus: t.Sequence[Gpu],
-                 check_mode: bool, seen: t.Optional[t.Any] = None, files: t.Optional[t.Any] = None) -> None:
+                 check_mode: bool, view: t.Optional[t.Any] = None) -> None:
         self.paths = paths
         self.config = config
         self.daemon = daemon
         self.gpus = list(gpus)
         self.check_mode = check_mode
-        # The host plan's one observation of the resource (_observe.snapshot.ResourceSeen); None: read it here.
-        self.seen = seen
-        # Where the plan reads the persisted files: the host plan's observation (_observe.snapshot.HostSeen), or the disk.
-        self.host_seen = files
-        self.read_file: t.Callable[[str], t.Optional[str]] = files.text if files is not None else read_text
+        # The run's one view of the host (_observe.view.HostView): every decision here reads it (ensure() reads its own).
+        self.view = view
         self.order_known = False
         # Whether the daemon's GPUs are known: it runs, or was started (its record), or its environment file
         # names them. Not before the first start of a new resource - the role's order.
@@ -113,6 +109,8 @@ class LimitsManager(PriorityCheck, PartitionPlan):
         # Whose binary's help says whether it has client priority, where no running daemon answered (mps_host gives the
         # resource's daemon even when it is not running yet); None: self.daemon.
         self.prober: t.Optional[Daemon] = None
+        # Why there is no daemon to talk to (mps_limits without a usable control binary): said when one runs.
+        self.missing_binary: t.Optional[MpsError] = None
 
     def follow(self, plan: t.Any) -> None:
         """Manage the limits as a host plan's resource entry (_host.plan.ResourcePlan) says, declaratively (mps_host)."""
@@ -129,15 +127,16 @@ class LimitsManager(PriorityCheck, PartitionPlan):
             self.state = None
             self.order_known = self.scope_known = True
             return list(self.planned), False, None
-        state = self.state = self.seen.state if self.seen else inspect(self.paths)
+        seen = self.view.resource(self.paths.name)
+        state = self.state = seen.state
         if state.conflict:
             raise MpsError('the MPS control daemon for %s: %s' % (self.paths.name, state.conflict), pid=state.pid)
-        record = self.record = self.seen.record if self.seen else read_record(self.paths)
+        record = self.record = seen.record
         uuids: t.Optional[t.List[str]] = None
         if record is not None:
             uuids = list(record.devices)
         elif state.running and state.pid:
-            uuids = uuids_from_environ(state.pid)
+            uuids = self.view.answered(self.view.environ_uuids, state.pid, 'the environment of pid %s' % state.pid)
             if uuids is not None:
                 uuids = [gpu.uuid for gpu in resolve_devices(uuids, self.gpus, param='CUDA_VISIBLE_DEVICES of the daemon')]
         elif not state.running:
@@ -166,6 +165,13 @@ class LimitsManager(PriorityCheck, PartitionPlan):
                 self.paths.name, ', '.join(missing), MIG_GONE if any(is_mig_uuid(uuid) for uuid in missing) else ''))
         return [by_uuid[uuid] for uuid in uuids], state.running, state.pid
 
+    def read_file(self, path: str) -> t.Optional[str]:
+        """A persisted file's text as the run read it."""
+        what = {self.config.limits_json: 'the persisted limits of %s (a JSON file)', self.config.limits_file: 'the limit '
+                'commands of %s (a file)', self.config.limits_env: 'the start environment of %s (a file)',
+                self.config.env_file: 'the environment file of %s'}.get(path, 'a file of %s')
+        return self.view.text(path, what % self.paths.name)
+
     def _usable(self) -> t.List[Gpu]:
         """What a daemon of this host could be given: every GPU not in MIG mode, and every MIG device."""
         return [gpu for gpu in all_devices(self.gpus) if not gpu.mig_enabled]
@@ -187,9 +193,10 @@ class LimitsManager(PriorityCheck, PartitionPlan):
         if replicas is not None:
             limits.replicas = check_replicas(replicas, [max(scope, key=lambda gpu: gpu.max_mps_clients)] if unknown else scope)
             limits.active_thread_percentage = float(100 // replicas)
-            # Every GPU of the host, not only the daemon's: the record stays the same whether or not the
-            # daemon runs yet, and a device change of the daemon needs no new record.
-            limits.pinned_device_mem_limit = {gpu.uuid: gpu.memory_total_mib // replicas for gpu in self._usable()}
+            # The resource's own GPUs where they are known (planned, or its daemon's); before its first start, every GPU
+            # it could be given - its start keeps those of its own (add_replica_shares, own_shares).
+            own = self.planned if self.planned is not None else scope if self.scope_known else self._usable()
+            limits.pinned_device_mem_limit = {gpu.uuid: gpu.memory_total_mib // replicas for gpu in own}
         if percentage is not None:
             limits.active_thread_percentage = parse_wanted_percentage(percentage)
         if self.client_priority is not None:
@@ -210,33 +217,40 @@ class LimitsManager(PriorityCheck, PartitionPlan):
     # --- read, compare, apply ---------------------------------------------------------------------
     def read(self, scope: t.Sequence[Gpu],
              pid: t.Optional[int]) -> t.Tuple[t.Optional[float], t.Dict[int, t.Optional[str]], t.List[ServerLimits], t.Any]:
-        """Defaults and every server's limits, in one UI process (a host plan's: read when it observed the host)."""
-        observed = self.host_seen.readouts if self.host_seen is not None else {}
-        readout = observed.get(self.paths.name)
-        if readout is None or readout[0] != (len(scope), pid) or (self.static_running and readout[1].lspart_text is None):
-            daemon = self.daemon
-            if daemon is None:
-                raise MpsError('the control binary is needed to read the limits of a running daemon')
-            readout = ((len(scope), pid), read_state(daemon.query, len(scope), child_pids(pid) if pid else [], self.static_running))
-            daemon.answered = True  # the health question (the thread percentage) was part of it
-            if self.host_seen is not None:
-                self.host_seen.unobserved.append('the limits of %s' % self.paths.name)
-                observed[self.paths.name] = readout
+        """Defaults and every server's limits, as the run's one control batch of the daemon read them."""
+        readout = self.view.answered(self.view.readouts, self.paths.name, 'the limits of %s' % self.paths.name)
+        if readout[0] != (len(scope), pid) or (self.static_running and readout[1].lspart_text is None):
+            raise MpsError('internal error: the limits of %s were read for %s, not for %s' % (
+                self.paths.name, readout[0], (len(scope), pid)))
         return self._as_read(readout[1])
 
-    def observe(self) -> None:
-        """A host plan's observation of a running daemon's limits: read now, before anything is decided."""
+    def probe(self, view: t.Any) -> None:
+        """What the decision about these limits needs beyond the files, read into ``view`` before it is sealed: the
+        running daemon's one control batch (its defaults for its devices, its servers, its partitions where started with
+        -S), its process, and - where a wanted limit needs a command its binary may lack and no daemon answered - the
+        binary's help text."""
+        self.view = view
+        seen = view.resource(self.paths.name)
+        if seen.problem is None and seen.state.running and seen.state.pid:
+            read_process(view, seen.state.pid, None, seen.record is not None)
         scope, running, pid = self.scope(True)
-        if running and pid and self.daemon is not None and self.host_seen is not None:
-            self.host_seen.read_daemon(self.paths.name, self.daemon.query, len(scope), pid, self.static_running)
+        prober = self.prober or self.daemon
+        missing = self.missing_binary
+        if running and self.daemon is None and missing is not None:
+            raise missing
+        if running and pid and self.daemon is not None:
+            if self.paths.name not in view.readouts or view.readouts[self.paths.name][0] != (len(scope), pid):
+                read_daemon(view, self.paths.name, self.daemon.query, len(scope), pid, self.static_running)
             self.daemon.answered = True
-            if self.sm_partitions and not self.static_running:
-                self._offers(SM_PARTITION, observing=True)  # a daemon without -S cannot say: its binary's help can
+            if self.sm_partitions and not self.static_running and prober is not None:
+                read_help(view, prober, SM_PARTITION)  # a daemon without -S cannot say: its binary's help can
             return
-        if self.client_priority is not None and self.host_seen is not None:
-            self._offers(SET_DEFAULT_PRIORITY, observing=True)
-        if self.sm_partitions and self.host_seen is not None:
-            self._offers(SM_PARTITION, observing=True)
+        if prober is None:
+            return
+        if self.client_priority is not None:
+            read_help(view, prober, SET_DEFAULT_PRIORITY)
+        if self.sm_partitions:
+            read_help(view, prober, SM_PARTITION)
 
     @staticmethod
     def _as_read(readout: t.Any) -> t.Tuple[t.Optional[float], t.Dict[int, t.Optional[str]], t.List[ServerLimits], t.Any]:
@@ -256,27 +270,37 @@ class LimitsManager(PriorityCheck, PartitionPlan):
                 and not self.exact):
             raise InvalidParameterError('active_thread_percentage', 'give at least one of active_thread_percentage, '
                                         'pinned_device_mem_limit, replicas, client_priority or sm_partitions')
-        refuse_unsafe_dirs(managed_dirs(self.paths, self.config.config_dir))
 
     def ensure(self, percentage: t.Any, mem: t.Any, replicas: t.Any, running_servers: str, persist_limits: bool,
                create: bool) -> LimitsOutcome:
+        """mps_limits: read the resource under its lock (the lock belongs to the resource, not to its daemon: taken whether
+        or not one runs, so a concurrent mps_daemon start never replays a half-written record), decide, and (unless in
+        check mode) execute exactly that; a refused run leaves nothing behind, not even the lock it made."""
         self._check(percentage, mem, replicas, running_servers)
-        # Every check raises here, before the lock creates anything; under the lock the state is read again,
-        # so that a concurrent mps_daemon or mps_limits run on this resource is seen whole or not at all.
-        self.wanted(self.scope(create)[0], percentage, mem, replicas)
         if self.check_mode:
+            self.observe_own()
             return self._plan(percentage, mem, replicas, running_servers, persist_limits, create)
-        # The lock belongs to the resource, not to its daemon: taken whether or not one runs, so a concurrent
-        # mps_daemon start never replays a half-written record.
-        with resource_lock(self.paths):
-            out = self._plan(percentage, mem, replicas, running_servers, persist_limits, create)
-            out.apply()
+        with resource_lock(self.paths) as lock:
+            self.observe_own()
+            try:
+                out = self._plan(percentage, mem, replicas, running_servers, persist_limits, create)
+            except MpsError:
+                lock.discard()
+                raise
+            execute(out)
             out.ui_processes = self.daemon.client.processes if self.daemon else 0
             return out
 
+    def observe_own(self) -> None:
+        """The resource read once for mps_limits' own run (mps_host reads a whole host, :meth:`probe` each resource)."""
+        view = read_host(self.paths.root, self.gpus, [(self.paths, self.config)])
+        self.probe(view)
+        self.view = view.seal()
+
     def _plan(self, percentage: t.Any, mem: t.Any, replicas: t.Any, running_servers: str, persist_limits: bool,
               create: bool) -> LimitsOutcome:
-        """Read the daemon (one UI process) and the record, and plan every action; nothing is changed here."""
+        """Plan every action from the view (the daemon's one control batch, the record); nothing is read or changed here."""
+        refuse_unsafe_dirs(managed_dirs(self.paths, self.config.config_dir), self.view.paths)
         scope, running, pid = self.scope(create)
         wanted = self.wanted(scope, percentage, mem, replicas)
         persisted = read_persisted(self.config, self.read_file)
@@ -319,11 +343,23 @@ class LimitsManager(PriorityCheck, PartitionPlan):
                     ensure_dir(self.config.config_dir, 0o755), persist(self.config, wanted, check_mode=False)))
                 change.undo = restorer(self.config.limits_json, self._observed(self.config.limits_json))
                 out.persisted = True
-            if self.order_known and write_replay(self.config, wanted, uuids, check_mode=True, reader=self.read_file):
-                change = out.act('write %s' % self.config.limits_file, lambda: (
-                    ensure_dir(self.config.config_dir, 0o755), write_replay(self.config, wanted, uuids, check_mode=False)))
-                change.undo = restorer(self.config.limits_file, self._observed(self.config.limits_file))
-                out.persisted = True
+            if self.order_known:
+                if write_replay(self.config, wanted, uuids, check_mode=True, reader=self.read_file):
+                    change = out.act('write %s' % self.config.limits_file, lambda: (
+                        ensure_dir(self.config.config_dir, 0o755), write_replay(self.config, wanted, uuids, check_mode=False)))
+                    change.undo = self._undo_rendered()
+                    out.persisted = True
+            else:
+                # The files rendered from the record at every write, so that none goes stale: without a known device order
+                # the commands file goes (the next start writes it for its order), the start environment is rendered.
+                for path, text in rendered(self.config, wanted, None):
+                    if (self.read_file(path) or '') == text:
+                        continue
+                    change = out.act('%s %s' % ('write' if text else 'remove', path), self._writer(path, text),
+                                     'the device order of its next start is not known: that start writes it'
+                                     if path == self.config.limits_file else '')
+                    change.undo = restorer(path, self._observed(path))
+                    out.persisted = True
         elif not running:
             out.warnings.append('persist=false and no daemon is running: nothing was done')
         if running:
@@ -335,9 +371,23 @@ class LimitsManager(PriorityCheck, PartitionPlan):
         out.ui_processes = self.daemon.client.processes if self.daemon else 0
         return out
 
-    def _observed(self, path: str) -> t.Optional[t.Tuple[t.Optional[str], t.Optional[int]]]:
-        """The file as the host plan observed it (None: read it when asked)."""
-        return (self.host_seen.text(path), self.host_seen.mode(path)) if self.host_seen is not None else None
+    def _undo_rendered(self) -> t.Callable[[], None]:
+        """Puts both rendered files back as the run read them."""
+        undo = [restorer(path, self._observed(path)) for path in (self.config.limits_file, self.config.limits_env)]
+        return lambda: [step() for step in undo] and None
+
+    def _writer(self, path: str, text: str) -> t.Callable[[], None]:
+        def write() -> None:
+            if text:
+                ensure_dir(self.config.config_dir, 0o755)
+                atomic_write(path, text, 0o644)
+            else:
+                remove(path)
+        return write
+
+    def _observed(self, path: str) -> t.Tuple[t.Optional[str], t.Optional[int]]:
+        """The file (its text and mode) as the run read it: what an undo puts back."""
+        return self.read_file(path), self.view.mode(path)
 
     def _forget(self, out: LimitsOutcome) -> None:
         """Exact mode without limits: the persisted files go, so that no start replays old limits."""
@@ -360,7 +410,7 @@ class LimitsManager(PriorityCheck, PartitionPlan):
         if state is None or not state.stale:
             return ('the MPS control daemon of %r is not running (not started yet, or stopped): %s, not applied now; its next '
                     'start applies them' % (self.paths.name, kept))
-        record = self.seen.record if self.seen else read_record(self.paths)
+        record = self.view.resource(self.paths.name).record
         if record is not None:
             since = 'was started (%s)' % (record.started_at or 'at an unknown time')
         else:

@@ -14,26 +14,23 @@ from __future__ import annotations
 import typing as t
 
 from .._errors import InvalidParameterError, MpsError
-from .._proc import started_static
 from .._protocol.commands import SM_PARTITION
-from .._resource.store import STATIC_OPTION
 from .decide import LimitsDecision
 from .model import Limits
 from .partitions import DeviceChunks, decide_partitions, parse_lspart
 
 
 class PartitionPlan:
-    """Needs the manager's ``paths``, ``exact``, ``record``, ``state``, ``host_seen`` and the priority mixin's ``_offers``."""
+    """Needs the manager's ``paths``, ``exact``, ``record``, ``state``, ``view`` and the priority mixin's ``_offers``."""
 
     paths: t.Any
     exact: bool
     record: t.Any
 
-    def _offers(self, command_word: str, observing: bool = False) -> t.Tuple[t.Optional[bool], str]:
-        raise NotImplementedError
+    _offers: t.Callable[[str], t.Tuple[t.Optional[bool], str]]
 
     state: t.Any
-    host_seen: t.Any
+    view: t.Any
 
     @property
     def static_running(self) -> bool:
@@ -45,12 +42,7 @@ class PartitionPlan:
         state = self.state
         if state is None or not state.running or not state.pid:
             return False
-        key = (str(state.pid), STATIC_OPTION)
-        if self.host_seen is None:
-            return bool(started_static(state.pid))
-        if key not in self.host_seen.offered:
-            self.host_seen.offered[key] = started_static(state.pid)
-        return bool(self.host_seen.offered[key])
+        return bool(self.view.answered(self.view.static_args, state.pid, 'the arguments of pid %s' % state.pid))
 
     def _plan_partitions(self, wanted: Limits, persisted: t.Optional[Limits], uuids: t.Sequence[str], running: bool,
                          readout: t.Any, decision: LimitsDecision) -> t.Optional[t.Dict[str, DeviceChunks]]:

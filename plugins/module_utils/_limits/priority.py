@@ -17,29 +17,20 @@ from .model import Limits
 
 
 class PriorityCheck:
-    """Needs the manager's ``paths``, ``daemon``, ``prober`` and ``host_seen``."""
+    """Needs the manager's ``paths``, ``daemon``, ``prober`` and ``view``."""
 
     paths: t.Any
     daemon: t.Any
     prober: t.Any
-    host_seen: t.Any
+    view: t.Any
 
-    def _offers(self, command_word: str, observing: bool = False) -> t.Tuple[t.Optional[bool], str]:
-        """(whether the control binary's help lists ``command_word``, the binary); (None, '') without one to ask.
-
-        Observed once per run and binary (a host plan asks in its observe stage; read later, it is named in unobserved).
-        """
+    def _offers(self, command_word: str) -> t.Tuple[t.Optional[bool], str]:
+        """(whether the control binary's help lists ``command_word``, the binary) as the run read it; (None, '') without
+        a binary to ask."""
         prober = self.prober or self.daemon
         if prober is None:
             return None, ''
-        key = (prober.binary, command_word)
-        if self.host_seen is None:
-            return prober.offers(command_word), prober.binary
-        if key not in self.host_seen.offered:
-            if not observing:  # a host plan's decide stage: its observe stage should have asked
-                self.host_seen.unobserved.append('the help text of %s' % prober.binary)
-            self.host_seen.offered[key] = prober.offers(command_word)
-        return self.host_seen.offered[key], prober.binary
+        return self.view.offers(prober.binary, command_word), prober.binary
 
     def _check_priority_offered(self, wanted: Limits, seen: LimitsSeen) -> None:
         """A client priority is refused, before anything changes, where the control binary has none.
@@ -54,7 +45,7 @@ class PriorityCheck:
                 return
             why = 'its MPS control daemon answered %r to %s' % (seen.priority_text or '(nothing)', GET_DEFAULT_PRIORITY)
         else:
-            readout = self.host_seen.readouts.get(self.paths.name) if self.host_seen is not None else None
+            readout = self.view.readouts.get(self.paths.name)
             if readout is not None and readout[1].default_priority is not None:
                 return  # the daemon this plan restarts answered a priority when it was observed
             offered, binary = self._offers(SET_DEFAULT_PRIORITY)

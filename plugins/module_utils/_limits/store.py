@@ -25,12 +25,15 @@ from .._errors import MpsError
 from .._io import atomic_write, parse_json, read_text, remove
 from .._protocol.commands import PRIORITY_NAMES, REPLAYABLE, command
 from .._resource.layout import ConfigPaths
-from .._resource.store import start_environment
+from .._resource.store import STATIC_ARGS_ENV, STATIC_OPTION, start_environment
 from .model import Limits
 
 
-def start_env_text(commands: t.Sequence[str]) -> str:
+def start_env_text(commands: t.Sequence[str], static: bool = False) -> str:
+    """The start environment file of a daemon that replays ``commands`` (``static``: started with -S whatever they hold)."""
     env = start_environment(commands)
+    if static:
+        env[STATIC_ARGS_ENV] = STATIC_OPTION
     if not env:
         return ''
     return ('# Managed by gpufleet.mps (mps_limits): the defaults the MPS control daemon starts with.\n'
@@ -56,17 +59,28 @@ Reader = t.Callable[[str], t.Optional[str]]
 def read_persisted(config: ConfigPaths, reader: t.Optional[Reader] = None) -> t.Optional[Limits]:
     """The persisted wanted limits, or None when there are none (or the file is unreadable).
 
-    ``reader``: where a plan reads files from (a host plan's observation, _observe.snapshot.HostSeen.text); None: the disk.
+    ``reader``: where a plan reads files from (a run's view of the host, _observe.view.HostView.text); None: the disk.
     """
     return Limits.from_data(parse_json((reader or read_text)(config.limits_json)))
 
 
-def write_replay(config: ConfigPaths, limits: t.Optional[Limits], device_uuids: t.Sequence[str], check_mode: bool,
-                 reader: t.Optional[Reader] = None) -> bool:
-    """(Re)write the commands file for ``device_uuids`` and the start environment; remove each when empty."""
+def rendered(config: ConfigPaths, limits: t.Optional[Limits], device_uuids: t.Optional[t.Sequence[str]]) -> t.List[t.Tuple[str, str]]:
+    """The files rendered from a resource's record, (path, text; '' for a file that must not exist): the commands file for
+    ``device_uuids``, the daemon's device order, and the start environment. Where the order is not known (None) the
+    commands file cannot be rendered, so none is left to go stale (the next start renders it for its own order); the
+    start environment needs no order."""
+    if device_uuids is None:
+        cmds = limits.commands([]) if limits else []
+        return [(config.limits_file, ''), (config.limits_env, start_env_text(cmds, bool(limits and limits.sm_partitions)))]
     cmds = limits.commands(device_uuids) if limits else []
+    return [(config.limits_file, ''.join(cmd + '\n' for cmd in cmds)), (config.limits_env, start_env_text(cmds))]
+
+
+def write_replay(config: ConfigPaths, limits: t.Optional[Limits], device_uuids: t.Optional[t.Sequence[str]], check_mode: bool,
+                 reader: t.Optional[Reader] = None) -> bool:
+    """(Re)write the files :func:`rendered` from the record, each removed when empty; True when one changed (or would)."""
     changed = False
-    for path, text in ((config.limits_file, ''.join(cmd + '\n' for cmd in cmds)), (config.limits_env, start_env_text(cmds))):
+    for path, text in rendered(config, limits, device_uuids):
         changed = _write_or_remove(path, text, check_mode, reader) or changed
     return changed
 
@@ -96,9 +110,9 @@ def persist(config: ConfigPaths, limits: Limits, check_mode: bool, reader: t.Opt
     return True
 
 
-def read_replay(config: ConfigPaths) -> t.List[str]:
+def read_replay(config: ConfigPaths, reader: t.Optional[Reader] = None) -> t.List[str]:
     """The commands file, validated again: a tampered file cannot inject other commands."""
-    text = read_text(config.limits_file)
+    text = (reader or read_text)(config.limits_file)
     if not text:
         return []
     commands = []

@@ -1,50 +1,14 @@
 # Copyright: gpufleet.mps contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""What one daemon reports, as mps_info's facts: its servers, and where its limits differ from the persisted ones."""
+"""Where what one daemon reports differs from the persisted limits, as mps_info's facts say it."""
 
 from __future__ import annotations
 
 import typing as t
-from dataclasses import dataclass, field
 
 from .._limits.model import Limits, percentage_matches, readback_matches
-from .._limits.partitions import parse_lspart
 from .._protocol.commands import PRIORITY_NAMES
-from .._protocol.framing import Reply
 from .._protocol.readback import parse_readback
-from .._protocol.state import parse_state
-
-
-# --- what one daemon is asked: one read of its state, as facts -----------------------------------
-@dataclass
-class Readout:
-    """What one daemon reported, as facts: servers with their uid and limits by GPU UUID."""
-
-    default_percentage: float
-    default_mem: t.List[t.Optional[str]]
-    servers: t.List[t.Dict[str, t.Any]] = field(default_factory=list)
-    # 0 normal, 1 below normal; None where the binary has no client priority
-    default_priority: t.Optional[int] = None
-    # A -S daemon's SM partitions by device UUID (_limits.partitions.parse_lspart); None: not asked, or no table
-    partitions: t.Optional[t.Dict[str, t.Any]] = None
-
-
-def parse_daemon_replies(replies: t.Sequence[Reply], ordinals: int, candidates: t.Sequence[int],
-                         uuids: t.Sequence[str], uid_of: t.Callable[[int], t.Optional[int]], partitions: bool = False) -> Readout:
-    """Turn the replies to :func:`state_commands` into facts; only listed servers are reported."""
-    state = parse_state(replies, ordinals, candidates, partitions)
-    servers = [{
-        'pid': server.pid,
-        'status': server.status,
-        'uid': uid_of(server.pid),
-        'clients': server.clients,
-        'limits': {
-            'active_thread_percentage': server.active_thread_percentage,
-            'pinned_device_mem_limit': dict(zip(uuids, server.pinned_device_mem_limit)),
-        },
-    } for server in state.servers]
-    return Readout(state.default_percentage, state.default_mem, servers, state.default_priority,
-                   parse_lspart(state.lspart_text, uuids) if state.lspart_text is not None else None)
 
 
 # --- limits -------------------------------------------------------------------------------------

@@ -11,42 +11,49 @@ from dataclasses import dataclass
 
 from .._gpus import Gpu
 from .._proc import control_daemons, same_directory
-from .._supervisor.liveness import DEFAULT_PIPE_DIR, DaemonState, inspect, read_pid_file
-from .._resource.layout import SHM_DIR, is_valid_name, resource_paths, systemd_instance
-from .._resource.record import StartRecord, read_record
+from .._supervisor.liveness import DEFAULT_PIPE_DIR, read_pid_file
+from .._resource.layout import OWN_ENTRIES, SHM_DIR, is_valid_name, systemd_instance
+from .._resource.record import StartRecord
 from .._selectors import visible_gpus
 
 
-def scan_resources(root: str, with_logs: bool = False, listdir: t.Callable[[str], t.List[str]] = os.listdir) -> t.List[str]:
-    """Names of the resources under ``root`` that have a pipe directory or a ``.started`` record (or, ``with_logs``,
-    only their log directory left: a pruned resource's, which a teardown with its logs removes too). ``listdir``: where
-    the directories are listed from (a host plan's observation)."""
+# What makes a directory under the root a resource's: its pipe directory or start record (or, for a teardown that
+# removes logs too, its log directory alone: a pruned resource's).
+RESOURCE_MARKS = ('pipe', '.started', 'log')
+
+
+def scan_resources(view: t.Any, root: str, with_logs: bool = False) -> t.List[str]:
+    """Names of the resources under ``root`` (as ``view``, a :class:`.paths.PathView`, read it): a directory that has a pipe
+    directory or a ``.started`` record (or, ``with_logs``, only its log directory left), at the first level and - nested
+    names, ``example.com/infer`` - inside every directory of the first level, a resource's own included."""
     names = []
     try:
-        first = sorted(listdir(root))
+        first = view.listdir(root)
     except OSError:
         return names
     for top in first:
         top_dir = os.path.join(root, top)
-        if top.startswith('.') or top == SHM_DIR or os.path.islink(top_dir) or not os.path.isdir(top_dir):
+        if top.startswith('.') or top == SHM_DIR or view.islink(top_dir) or not view.isdir(top_dir):
             continue
-        if _is_resource_dir(top_dir, with_logs):
+        if _is_resource_dir(view, top_dir, with_logs):
             names.append(top)
-            continue
         try:
-            second = sorted(listdir(top_dir))
+            second = view.listdir(top_dir)
         except OSError:
             continue
         for sub in second:
             sub_dir = os.path.join(top_dir, sub)
-            if not os.path.islink(sub_dir) and _is_resource_dir(sub_dir, with_logs):
+            if sub in OWN_ENTRIES or sub.startswith('.') or view.islink(sub_dir) or not view.isdir(sub_dir):
+                continue
+            if _is_resource_dir(view, sub_dir, with_logs):
                 names.append('%s/%s' % (top, sub))
     return [name for name in names if is_valid_name(name)]
 
 
-def _is_resource_dir(path: str, with_logs: bool = False) -> bool:
-    return (os.path.isdir(os.path.join(path, 'pipe')) or os.path.exists(os.path.join(path, '.started'))
-            or with_logs and os.path.isdir(os.path.join(path, 'log')) and not os.path.islink(os.path.join(path, 'log')))
+def _is_resource_dir(view: t.Any, path: str, with_logs: bool = False) -> bool:
+    log = os.path.join(path, 'log')
+    return (view.isdir(os.path.join(path, 'pipe')) or view.lexists(os.path.join(path, '.started'))
+            or with_logs and view.isdir(log) and not view.islink(log))
 
 
 def resource_name(instance: str) -> t.Optional[str]:
@@ -71,10 +78,10 @@ def resource_name(instance: str) -> t.Optional[str]:
 CONFIG_SUFFIXES = ('.env', '.limits.json', '.limits-env', '.limits')
 
 
-def scan_config(config_dir: str, listdir: t.Callable[[str], t.List[str]] = os.listdir) -> t.List[str]:
-    """Names of the resources that have files of this collection in ``config_dir``."""
+def scan_config(view: t.Any, config_dir: str) -> t.List[str]:
+    """Names of the resources that have files of this collection in ``config_dir`` (as ``view`` listed it)."""
     try:
-        entries = listdir(config_dir)
+        entries = view.listdir(config_dir)
     except OSError:
         return []
     names = set()
@@ -86,24 +93,6 @@ def scan_config(config_dir: str, listdir: t.Callable[[str], t.List[str]] = os.li
                     names.add(name)
                 break
     return sorted(names)
-
-
-def live_daemons(root: str, exclude: t.Collection[str] = ()) -> t.Dict[str, t.Tuple['DaemonState', StartRecord]]:
-    """The resources under ``root`` whose daemon runs (or may: its evidence disagrees), with their start records;
-    those named in ``exclude`` are not read at all."""
-    found = {}
-    for name in scan_resources(root):
-        if name in exclude:
-            continue
-        paths = resource_paths(root, name)
-        record = read_record(paths)
-        if record is None:
-            continue
-        state = inspect(paths)
-        # A daemon whose evidence disagrees may still serve its GPUs: never reset or take them.
-        if state.running or state.conflict:
-            found[name] = (state, record)
-    return found
 
 
 def gpu_claims(records: t.Mapping[str, StartRecord]) -> t.Dict[str, t.List[str]]:

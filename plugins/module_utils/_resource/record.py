@@ -12,7 +12,7 @@ import json
 import typing as t
 from dataclasses import asdict, dataclass, field
 
-from .._io import atomic_write, read_json
+from .._io import atomic_write
 from .layout import ResourcePaths
 
 # A record without the key was written before compute modes were recorded: the default was set then.
@@ -70,11 +70,6 @@ class StartRecord:
     def daemon_view(self) -> t.Dict[str, t.Any]:
         """What the daemon was started with, as the diff and the restart decision compare it."""
         return {'devices': list(self.devices), 'multiuser': self.multiuser, 'supervisor': self.supervisor, 'shm': self.shm}
-
-
-def read_record(paths: ResourcePaths) -> t.Optional[StartRecord]:
-    """The resource's start record; None when there is none (or it is unreadable)."""
-    return StartRecord.from_data(read_json(paths.started_file))
 
 
 def write_record(paths: ResourcePaths, record: StartRecord) -> None:

@@ -363,33 +363,3 @@ class Systemctl:
 
 def instance_unit(instance: str) -> str:
     return 'gpufleet-mps@%s.service' % instance
-
-
-class ObservedSystemctl:
-    """A :class:`Systemctl` whose ``is_active``/``is_enabled`` answer from one observation while a plan is decided
-    (``deciding``); every other call, and every call outside the decision, runs ``systemctl``."""
-
-    def __init__(self, real: Systemctl, states: t.Dict[str, t.Tuple[bool, bool]], unobserved: t.List[str]) -> None:
-        self.real = real
-        self.states = states
-        self.unobserved = unobserved
-        self.deciding = False
-
-    def __getattr__(self, name: str) -> t.Any:
-        return getattr(self.real, name)
-
-    def _seen(self, unit: str, which: int) -> t.Optional[bool]:
-        if not self.deciding:
-            return None
-        if unit not in self.states:
-            self.unobserved.append('systemctl: %s' % unit)
-            return None
-        return self.states[unit][which]
-
-    def is_active(self, unit: str) -> bool:
-        seen = self._seen(unit, 0)
-        return self.real.is_active(unit) if seen is None else seen
-
-    def is_enabled(self, unit: str) -> bool:
-        seen = self._seen(unit, 1)
-        return self.real.is_enabled(unit) if seen is None else seen

@@ -94,3 +94,109 @@ def sim_clients(simhost):
         if proc.poll() is None:
             proc.stdin.close()
             proc.wait(10)
+
+
+@pytest.fixture
+def see():
+    """``see(manager, state)`` gives a resource's manager the view of the host a run would read now, built by hand: the
+    paths its decisions look at read from the disk, its daemon in ``state`` (not running when None) with the /dev/shm,
+    clients and unit state given; sealed. A decision under test then reads that view and nothing else."""
+    # pylint: disable=import-outside-toplevel
+    from ansible_collections.gpufleet.mps.plugins.module_utils._observe.paths import read_paths
+    from ansible_collections.gpufleet.mps.plugins.module_utils._observe.reader import read_labels, resource_wants
+    from ansible_collections.gpufleet.mps.plugins.module_utils._observe.view import HostView, ResourceView, parse_record
+    from ansible_collections.gpufleet.mps.plugins.module_utils._proc import read_mountinfo
+    from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.liveness import DaemonState
+
+    def build(manager, state=None, dev_shm=None, clients=(), unit=(True, True), gpus=(), daemons=((), ()), offered=None,
+              shm_namespace=''):
+        wants = resource_wants(manager.paths, manager.config).merge(manager.wants(True, 'absent'))
+        view = HostView(list(gpus))
+        view.mountinfo = read_mountinfo()
+        view.realpaths[manager.paths.shm_dir] = os.path.join(os.path.realpath(manager.paths.root), 'shm')
+        view.paths = read_paths(wants.files, wants.dirs, wants.others, mountinfo=view.mountinfo)
+        state = state or DaemonState(False, None, None)
+        record, corrupt = parse_record(view.text(manager.paths.started_file))
+        view.resources[manager.paths.name] = ResourceView(manager.paths, state, None, record, corrupt)
+        view.daemons = (list(daemons[0]), list(daemons[1]))
+        if state.pid:
+            view.dev_shm[state.pid] = dev_shm
+            view.clients[manager.paths.name] = (state.pid, list(clients))
+        view.units[manager.unit] = unit
+        view.offered.update(offered or {})
+        view.shm_namespace = shm_namespace
+        if manager.selinux_type:
+            read_labels(view, [manager.paths.pipe_dir])
+        manager.host.view = view.seal()
+        return view
+    return build
+
+
+class IOWhileDeciding(BaseException):
+    """A decision opened, listed, stat-ed, started or connected to something (a BaseException: nothing may catch it)."""
+
+
+# What a decision may not call: it reads the run's view of the host and nothing else.
+_NO_IO = (('builtins', 'open'), ('os', 'open'), ('os', 'stat'), ('os', 'lstat'), ('os', 'scandir'), ('os', 'listdir'),
+          ('os', 'readlink'), ('os', 'access'), ('subprocess', 'Popen'), ('socket', 'socket'))
+
+
+@pytest.fixture
+def decide_guard(monkeypatch):
+    """While any decision runs - HostManager.decide, and the per-resource modules' plan stages - open, os.open, stat, lstat,
+    scandir, listdir, readlink, access, subprocess and socket raise IOWhileDeciding. Yields the number of decisions made.
+    Every module of the collection is imported first: an import during a decision would read files too."""
+    # pylint: disable=import-outside-toplevel
+    import builtins
+    import importlib
+    import pkgutil
+    import socket
+    import subprocess
+    from ansible_collections.gpufleet.mps.plugins import module_utils
+    for info in pkgutil.walk_packages(module_utils.__path__, module_utils.__name__ + '.'):
+        importlib.import_module(info.name)
+    from ansible_collections.gpufleet.mps.plugins.module_utils._daemon.manager import ResourceManager
+    from ansible_collections.gpufleet.mps.plugins.module_utils._host.manager import HostManager
+    from ansible_collections.gpufleet.mps.plugins.module_utils._limits.manager import LimitsManager
+    from ansible_collections.gpufleet.mps.plugins.module_utils._shm import ShmManager
+    modules = {'builtins': builtins, 'os': os, 'subprocess': subprocess, 'socket': socket}
+    real = {(module, name): getattr(modules[module], name) for module, name in _NO_IO}
+    state = {'depth': 0, 'decisions': 0}
+
+    def guarded(module, name):
+        def call(*args, **kwargs):
+            if state['depth']:
+                raise IOWhileDeciding('%s.%s%r while deciding' % (module, name, args[:2]))
+            return real[(module, name)](*args, **kwargs)
+        return call
+    for module, name in _NO_IO:
+        monkeypatch.setattr(modules[module], name, guarded(module, name))
+
+    def deciding(cls, method):
+        original = getattr(cls, method)
+
+        def decide(self, *args, **kwargs):
+            state['depth'] += 1
+            state['decisions'] += 1
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                state['depth'] -= 1
+        monkeypatch.setattr(cls, method, decide)
+    for cls, method in ((HostManager, 'decide'), (ResourceManager, 'plan'), (LimitsManager, '_plan'), (ShmManager, 'plan')):
+        deciding(cls, method)
+    yield state
+
+
+@pytest.fixture
+def fake_systemd(simhost, monkeypatch):
+    """``systemctl`` on PATH is tests/fakes/systemctl.py, which runs the collection's units from ``<simhost>/units``: the
+    modules run with supervisor=systemd as under systemd (the real one: the molecule scenario under systemd-nspawn)."""
+    sbin = simhost / 'sbin'
+    sbin.mkdir(exist_ok=True)
+    (sbin / 'systemctl').write_text('#!/bin/sh\nexec %s %s "$@"\n' % (sys.executable, FAKE_NVML_DIR.parent / 'systemctl.py'))
+    (sbin / 'systemctl').chmod(0o755)
+    monkeypatch.setenv('FAKE_SYSTEMD_DIR', str(simhost / 'systemd'))
+    monkeypatch.setenv('FAKE_SYSTEMD_UNIT_DIR', str(simhost / 'units'))
+    monkeypatch.setenv('PATH', '%s:%s:%s' % (sbin, simhost / 'host' / 'bin', os.environ.get('PATH', '/usr/bin:/bin')))
+    yield simhost / 'systemd'

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 
-from ansible_collections.gpufleet.mps.plugins.module_utils._host.around import Around
+from ansible_collections.gpufleet.mps.plugins.module_utils._host.around import HEALTH_TIMER, Around
+from ansible_collections.gpufleet.mps.plugins.module_utils._observe.paths import read_paths
+from ansible_collections.gpufleet.mps.plugins.module_utils._observe.view import HostView
 from ansible_collections.gpufleet.mps.plugins.module_utils._outcome import Outcome
 from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.health import render_health
 from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.metrics import METRICS_FILE
@@ -26,9 +28,18 @@ class Systemctl:
 
 def _around(tmp_path, metrics_dir):
     params = {'health_check': True, 'supervisor': 'systemd', 'ready': True, 'health_interval': 30, 'health_timeout': 10,
-              'metrics_dir': metrics_dir, 'state': 'present'}
+              'metrics_dir': metrics_dir, 'state': 'present', 'logrotate_dir': str(tmp_path / 'logrotate.d'), 'local_facts_dir': '',
+              'slurm_task_prolog': '', 'slurm_gres_conf': ''}
     around = Around(params, str(tmp_path / 'root'), str(tmp_path / 'etc'), str(tmp_path / 'units'), Systemctl())
     return around
+
+
+def _see(around):
+    """The view a host's run reads of what the health check plans from (the timer enabled and active)."""
+    wants = around.wants()
+    view = HostView(paths=read_paths(wants.files, wants.dirs, wants.others))
+    view.units[HEALTH_TIMER] = (True, True)
+    around.view = view.seal()
 
 
 def _health_files(tmp_path, script, metrics_dir):
@@ -46,6 +57,7 @@ def test_a_missing_metrics_directory_is_made(tmp_path):
         with open(path, 'w', encoding='utf-8') as handle:
             handle.write(text)
         os.chmod(path, 0o755 if path == script else 0o644)
+    _see(around)
     out = Outcome()
     around.health(out, True)
     assert [change.action for change in out.changes] == ['create %s' % (tmp_path / 'metrics')]
@@ -63,12 +75,14 @@ def test_a_textfile_of_an_earlier_directory_goes_when_the_metrics_move_or_stop(t
     for wanted in (str(tmp_path / 'new'), ''):
         around = _around(tmp_path, wanted)
         around._health_files = lambda wanted=wanted: _health_files(tmp_path, script, wanted)  # pylint: disable=protected-access
+        _see(around)
         out = Outcome()
         around.health(out, True)
         assert 'remove %s' % (old_dir / METRICS_FILE) in [change.action for change in out.changes], out.changes
     # the same directory: nothing to remove
     around = _around(tmp_path, str(old_dir))
     around._health_files = lambda: _health_files(tmp_path, script, str(old_dir))  # pylint: disable=protected-access
+    _see(around)
     out = Outcome()
     around.health(out, True)
     assert not [change for change in out.changes if change.action.startswith('remove')]

@@ -7,7 +7,6 @@ import types
 
 import pytest
 
-from ansible_collections.gpufleet.mps.plugins.module_utils._daemon import devices as _devices
 from ansible_collections.gpufleet.mps.plugins.module_utils._daemon.manager import ResourceManager
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import DeviceSelectionError, InvalidParameterError
 from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import Gpu
@@ -109,14 +108,16 @@ def manager(tmp_path):
     return ResourceManager(paths, config, daemon, nvml=nvml, supervisor='none', check_mode=True)
 
 
-def _foreign(monkeypatch, manager, known, unreadable=()):
-    monkeypatch.setattr(_devices, 'foreign_daemons', lambda pipe, gpus, pid, outside: (
-        [daemon for daemon in known if not daemon.pipe_dir.startswith(outside + '/')], list(unreadable)))
+def _foreign(see, manager, known, unreadable=()):
+    """The view's /proc scan as foreign_daemons(None, ..., outside=root) gives it: the root's own daemons left out."""
+    outside = manager.paths.root
+    see(manager, gpus=manager.nvml.gpus(), daemons=([daemon for daemon in known if not daemon.pipe_dir.startswith(outside + '/')],
+                                                    list(unreadable)))
     manager._foreign = None
 
 
-def test_a_gpu_another_daemon_serves_is_refused_naming_its_pid_and_pipe_directory(manager, monkeypatch):
-    _foreign(monkeypatch, manager, [ForeignDaemon(4242, '/elsewhere/pipe', 0, ['GPU-b'])])
+def test_a_gpu_another_daemon_serves_is_refused_naming_its_pid_and_pipe_directory(manager, see):
+    _foreign(see, manager, [ForeignDaemon(4242, '/elsewhere/pipe', 0, ['GPU-b'])])
     with pytest.raises(DeviceSelectionError, match=r"^devices: GPU 1 \(GPU-b\) is served by another MPS control daemon: "
                                                    r"pid 4242 \(pipe directory /elsewhere/pipe, uid 0\);.*nothing was done"):
         manager._refuse_foreign(manager.nvml.gpus(), Outcome())
@@ -125,29 +126,29 @@ def test_a_gpu_another_daemon_serves_is_refused_naming_its_pid_and_pipe_director
     assert out.warnings == [] and out.actions == []
 
 
-def test_a_daemon_of_the_same_root_is_left_to_the_start_records(manager, monkeypatch):
-    _foreign(monkeypatch, manager, [ForeignDaemon(4242, manager.paths.root + '/infer/pipe', 0, ['GPU-b'])])
+def test_a_daemon_of_the_same_root_is_left_to_the_start_records(manager, see):
+    _foreign(see, manager, [ForeignDaemon(4242, manager.paths.root + '/infer/pipe', 0, ['GPU-b'])])
     manager._refuse_foreign(manager.nvml.gpus(), Outcome())
 
 
-def test_a_daemon_whose_environment_cannot_be_read_is_named_in_a_warning(manager, monkeypatch):
-    _foreign(monkeypatch, manager, [], [ForeignDaemon(77, None, 1000, [])])
+def test_a_daemon_whose_environment_cannot_be_read_is_named_in_a_warning(manager, see):
+    _foreign(see, manager, [], [ForeignDaemon(77, None, 1000, [])])
     out = Outcome()
     manager._refuse_foreign(manager.nvml.gpus(), out)
     assert out.warnings and 'pid 77' in out.warnings[0] and 'run as root' in out.warnings[0]
 
 
-def test_stopping_never_resets_a_gpu_another_daemon_serves(manager, monkeypatch):
-    _foreign(monkeypatch, manager, [ForeignDaemon(4242, '/elsewhere/pipe', 0, ['GPU-b'])])
+def test_stopping_never_resets_a_gpu_another_daemon_serves(manager, see):
+    _foreign(see, manager, [ForeignDaemon(4242, '/elsewhere/pipe', 0, ['GPU-b'])])
     out = Outcome()
     assert [gpu.uuid for gpu in manager._releasable({'GPU-a', 'GPU-b'}, out)] == ['GPU-a']
     assert out.warnings == ['GPU 1 (GPU-b) keeps compute mode EXCLUSIVE_PROCESS: another MPS control daemon serves it, '
                             'pid 4242 (pipe directory /elsewhere/pipe, uid 0)']
 
 
-def test_multiuser_is_refused_below_volta_naming_the_gpus(manager, monkeypatch):
+def test_multiuser_is_refused_below_volta_naming_the_gpus(manager, see):
     manager.nvml = types.SimpleNamespace(gpus=lambda: [_gpu(0, 'GPU-p', cc=(6, 0)), _gpu(1, 'GPU-v', cc=(7, 0))])
-    monkeypatch.setattr(manager, 'owned_elsewhere', dict)
+    see(manager, gpus=manager.nvml.gpus())
     with pytest.raises(InvalidParameterError, match=r'multiuser.*GPU 0 \(GPU-p, NVIDIA H100, 6\.0\) is older'):
         manager.wanted('all', True, 'exclusive_process', True)
     assert [gpu.index for gpu in manager.wanted([1], True, 'exclusive_process', True).devices] == [1]

@@ -20,6 +20,7 @@ from ansible_collections.gpufleet.mps.plugins.module_utils._errors import Invali
 from ansible_collections.gpufleet.mps.plugins.module_utils._host.manager import HostManager
 from ansible_collections.gpufleet.mps.plugins.module_utils._module import control_binary
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import resource_paths
+from ansible_collections.gpufleet.mps.plugins.module_utils._resource.record import StartRecord
 from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.liveness import inspect
 from ansible_collections.gpufleet.mps.plugins.modules.mps_host import argument_spec
 
@@ -38,12 +39,13 @@ class Host:
         self.binary = str(base / 'host' / 'bin' / 'nvidia-cuda-mps-control')
         self.params = dict(_defaults(), root=self.root, config_dir=str(base / 'etc'), control_binary=self.binary,
                            supervisor='none', local_facts_dir=str(base / 'facts.d'), logrotate_dir=str(base / 'logrotate.d'),
-                           start_timeout=10, stop_timeout=5)
+                           start_timeout=10, stop_timeout=5, shm_persist='none', shm_size='64m')
+        self.unit_dir = str(base / 'units')
 
     def run(self, resources, check=False, **options):
         params = dict(self.params, resources=resources, **options)
         with _gpus.Nvml() as nvml:
-            return HostManager(params, nvml, control_binary, check).ensure(nvml.gpus())
+            return HostManager(params, nvml, control_binary, check, unit_dir=self.unit_dir).ensure(nvml.gpus())
 
     def uuids(self):
         with _gpus.Nvml() as nvml:
@@ -99,6 +101,12 @@ def host(simhost, sim_clients):
     made = Host(simhost, sim_clients)
     yield made
     made.close()
+
+
+def _record(root, name):
+    """The start record as the file says."""
+    with open(resource_paths(root, name).started_file, encoding='utf-8') as handle:
+        return StartRecord.from_data(json.load(handle))
 
 
 def _listed(out):
@@ -231,7 +239,7 @@ def test_a_daemon_whose_root_was_deleted_is_refused_not_started_twice(host):
     host.run([{'name': 'train', 'devices': [0]}])
     orphan = inspect(resource_paths(host.root, 'train')).pid
     shutil.rmtree(host.root)
-    with pytest.raises(MpsError, match=r'pid %d, an orphaned daemon of this root.*kill %d' % (orphan, orphan)):
+    with pytest.raises(MpsError, match=r'orphaned MPS control daemon.*pid %d, pipe directory .*orphans=stop' % orphan):
         host.run([{'name': 'train', 'devices': [0]}])
     assert _daemon_pids(host.root) == [orphan]
     _kill(orphan)
@@ -249,16 +257,16 @@ import ctypes, json, os, signal, sys
 import pynvml
 pynvml.nvmlLib = ctypes.CDLL(sys.argv[1])
 from ansible_collections.gpufleet.mps.plugins.module_utils import _gpus
-from ansible_collections.gpufleet.mps.plugins.module_utils._host import execute as _execute
+from ansible_collections.gpufleet.mps.plugins.module_utils import _execute
 from ansible_collections.gpufleet.mps.plugins.module_utils._host.manager import HostManager
 from ansible_collections.gpufleet.mps.plugins.module_utils._module import control_binary
 params, kill_at = json.loads(sys.argv[2]), int(sys.argv[3])
 real_execute = _execute.execute
-def dying(out, listed, ready_path):
+def dying(out):
     steps = out.steps
     changes = [index for index, (change, _run) in enumerate(steps) if change is not None]
     out.steps = steps[:changes[kill_at]]
-    real_execute(out, listed, ready_path)
+    real_execute(out)
     os.kill(os.getpid(), signal.SIGKILL)
 _execute.execute = dying
 with _gpus.Nvml() as nvml:
@@ -404,7 +412,7 @@ def test_two_runs_with_different_requests_both_apply_one_after_the_other(host):
     assert last in ('first', 'second') and host.ready
 
 
-def test_orphans_stop_ends_the_orphan_first_then_provisions(host, decide_audit):
+def test_orphans_stop_ends_the_orphan_first_then_provisions(host, decide_guard):
     """The explicit option: the orphan is ended as the plan's own change, and the resource starts on its GPU."""
     host.run([{'name': 'train', 'devices': [0]}])
     orphan = inspect(resource_paths(host.root, 'train')).pid
@@ -415,10 +423,10 @@ def test_orphans_stop_ends_the_orphan_first_then_provisions(host, decide_audit):
     out = host.run([{'name': 'train', 'devices': [0]}], orphans='stop')
     assert [change.as_dict() for change in out.executed] == _listed(planned)
     assert out.ready and _daemon_pids(host.root) == [inspect(resource_paths(host.root, 'train')).pid] != [orphan]
-    assert decide_audit['events'] == [] and decide_audit['unobserved'] == [], decide_audit
+    assert decide_guard['decisions']
 
 
-def test_orphans_stop_refuses_an_orphan_with_servers_unless_busy_terminate(host, decide_audit):
+def test_orphans_stop_refuses_an_orphan_with_servers_unless_busy_terminate(host, decide_guard):
     host.run([{'name': 'train', 'devices': [0]}])
     host.leave(host.client('train'))  # an idle MPS server stays, a child of the daemon
     orphan = inspect(resource_paths(host.root, 'train')).pid
@@ -428,7 +436,7 @@ def test_orphans_stop_refuses_an_orphan_with_servers_unless_busy_terminate(host,
     assert _daemon_pids(host.root) == [orphan]
     out = host.run([{'name': 'train', 'devices': [0]}], orphans='stop', busy='terminate')
     assert out.ready and out.executed[0].ends_clients
-    assert decide_audit['events'] == [] and decide_audit['unobserved'] == [], decide_audit
+    assert decide_guard['decisions']
 
 
 # --- property: whatever the request, apply does what check mode showed, and deciding again finds nothing ------------
@@ -465,12 +473,18 @@ def _daemon_view(root, name):
     return env.get(b'CUDA_VISIBLE_DEVICES', b'').decode().split(',')
 
 
+SETTINGS = [('none', False), ('none', True), ('systemd', False), ('systemd', True)]
+
+
+@pytest.mark.parametrize('supervisor, shm', SETTINGS, ids=['%s%s' % (sup, ', shm' if shm else '') for sup, shm in SETTINGS])
 @pytest.mark.parametrize('seed', [1, 2, 3])
-def test_any_sequence_of_requests_applies_as_planned_and_leaves_nothing_to_decide(host, seed, decide_audit):
-    """A property over seeded random requests: check mode lists what the real run executes, change by change; the host
-    observed afterwards has exactly the listed daemons on exactly their GPUs; deciding again yields no change; and no
-    decision read anything that observing the host had not."""
+def test_any_sequence_of_requests_applies_as_planned_and_leaves_nothing_to_decide(host, seed, decide_guard, supervisor, shm, request):
+    """A property over seeded random requests, for every supervisor and with the shared tmpfs or without: check mode lists
+    what the real run executes, change by change; the host observed afterwards has exactly the listed daemons on exactly
+    their GPUs; deciding again yields no change; and no decision opened, listed, stat-ed, started or connected to
+    anything (decide_guard makes that raise)."""
     import random  # pylint: disable=import-outside-toplevel
+    _settings(host, request, supervisor, shm)
     rng = random.Random(seed)
     uuids = host.uuids()
     for _step in range(4):
@@ -485,7 +499,42 @@ def test_any_sequence_of_requests_applies_as_planned_and_leaves_nothing_to_decid
         assert leftovers == [], (seed, resources, leftovers)
         assert len(_daemon_pids(host.root)) == len(resources)
         assert applied.ready == bool(resources) == host.ready
-    assert decide_audit['events'] == [] and decide_audit['unobserved'] == [], decide_audit
+    assert decide_guard['decisions']
+
+
+def _settings(host, request, supervisor, shm):
+    """The host's runs under ``supervisor`` (systemd: the fake systemctl runs the collection's units), with the shared tmpfs
+    (mounted by the runs themselves, persisted nowhere) or without."""
+    if supervisor == 'systemd':
+        request.getfixturevalue('fake_systemd')
+    if shm and os.geteuid() != 0:
+        pytest.skip('the shared tmpfs needs root (mount, and a mount namespace per daemon)')
+    host.params.update(supervisor=supervisor, shm=shm)
+
+
+@pytest.mark.parametrize('supervisor, shm', SETTINGS, ids=['%s%s' % (sup, ', shm' if shm else '') for sup, shm in SETTINGS])
+def test_a_decision_is_the_same_when_the_host_is_torn_down_after_the_view_was_read(host, supervisor, shm, request):
+    """Decide is a function of the view: with every daemon killed, every file and directory of the root and the config
+    directory removed after the view was read, the same view gives the same changes, reasons and warnings."""
+    _settings(host, request, supervisor, shm)
+    host.run([{'name': 'train', 'devices': [0, 1], 'replicas': 2}, {'name': 'infer', 'devices': [2]}])
+    wanted = [{'name': 'train', 'devices': [0]}, {'name': 'tune', 'devices': [1], 'active_thread_percentage': 40}]
+    params = dict(host.params, resources=wanted)
+    with _gpus.Nvml() as nvml:
+        manager = HostManager(params, nvml, control_binary, True, unit_dir=host.unit_dir)
+        listed = manager.validate(nvml.gpus())
+        removed = manager.observe(listed)
+        view = manager.view
+        first = manager.decide(manager.validate(nvml.gpus()), manager.removed_setups(view, listed), view)
+        for pid in _daemon_pids(host.root):
+            _kill(pid)
+        subprocess.run(['umount', '-l', os.path.join(host.root, 'shm')], capture_output=True, check=False)
+        shutil.rmtree(host.root)
+        shutil.rmtree(host.params['config_dir'])
+        again = HostManager(params, nvml, control_binary, True, unit_dir=host.unit_dir)
+        second = again.decide(again.validate(nvml.gpus()), again.removed_setups(view, listed), view)
+    assert removed and [change.as_dict() for change in second.changes] == [change.as_dict() for change in first.changes]
+    assert second.warnings == first.warnings and first.changes
 
 
 def test_a_no_op_observes_each_resource_once(host, monkeypatch):
@@ -495,19 +544,19 @@ def test_a_no_op_observes_each_resource_once(host, monkeypatch):
     resources = [{'name': 'train', 'devices': [0, 1], 'replicas': 2}, {'name': 'infer', 'devices': [2]}]
     host.run(resources)
     from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor import liveness  # pylint: disable=import-outside-toplevel
-    from ansible_collections.gpufleet.mps.plugins.module_utils._resource import record  # pylint: disable=import-outside-toplevel
-    calls = {'inspect': [], 'read_record': []}
+    from ansible_collections.gpufleet.mps.plugins.module_utils._observe import reader  # pylint: disable=import-outside-toplevel
+    calls = {'inspect': [], '_resource_view': []}
 
     def counted(module, name):
         real = getattr(module, name)
 
         def wrapper(*args, **kwargs):
-            calls[name].append(getattr(args[0], 'name', 'host') if args else 'host')
+            calls[name].append(getattr(args[-2 if name == '_resource_view' else 0], 'name', 'host') if args else 'host')
             return real(*args, **kwargs)
         return wrapper
     from ansible_collections.gpufleet.mps.plugins.module_utils import _proc  # pylint: disable=import-outside-toplevel
     calls['control_daemons'] = []
-    for module, name in ((liveness, 'inspect'), (record, 'read_record'), (_proc, 'control_daemons')):
+    for module, name in ((liveness, 'inspect'), (reader, '_resource_view'), (_proc, 'control_daemons')):
         real, wrapper = getattr(module, name), counted(module, name)
         for loaded in list(sys.modules.values()):
             if getattr(loaded, '__name__', '').startswith('ansible_collections.gpufleet.mps') and getattr(loaded, name, None) is real:
@@ -518,7 +567,7 @@ def test_a_no_op_observes_each_resource_once(host, monkeypatch):
         out = host.run(resources, check=check)
         assert not out.changed
         assert sorted(calls['inspect']) == ['infer', 'train'], (check, calls)
-        assert sorted(calls['read_record']) == ['infer', 'train'], (check, calls)
+        assert sorted(calls['_resource_view']) == ['infer', 'train'], (check, calls)  # the start record parsed once
         assert len(calls['control_daemons']) == 1, (check, calls)  # one /proc scan for the whole host
 
 
@@ -533,61 +582,24 @@ def test_a_teardown_says_once_what_it_kept(host):
     assert os.path.exists(os.path.join(host.root, 'other-tool.state'))
 
 
-# What deciding may not do: read, list, start or change anything (CPython's audit events; stat has none).
-_IO_EVENTS = frozenset(('open', 'os.listdir', 'os.scandir', 'subprocess.Popen', 'socket.connect', 'os.remove', 'os.rename',
-                        'os.mkdir', 'os.rmdir', 'os.chmod', 'os.kill', 'fcntl.flock', 'fcntl.lockf', 'shutil.rmtree'))
-_AUDIT = {'on': False, 'events': []}
-
-
-def _audit(event, args):
-    if _AUDIT['on'] and event in _IO_EVENTS:
-        path = str(args[0]) if args else ''
-        if not path.endswith(('.py', '.pyc')):  # a module imported on first use, not the host
-            _AUDIT['events'].append((event, path))
-
-
-@pytest.fixture
-def decide_audit(monkeypatch):
-    """Every I/O event of HostManager.decide, and every file it read that observe had not (HostSeen.unobserved)."""
-    if not _AUDIT.get('installed'):
-        sys.addaudithook(_audit)  # hooks cannot be removed: it records only while a decide runs
-        _AUDIT['installed'] = True
-    found = {'events': [], 'unobserved': [], 'decides': 0}
-    real = HostManager.decide
-
-    def decide(self, *args, **kwargs):
-        _AUDIT['events'] = []
-        _AUDIT['on'] = True
-        try:
-            return real(self, *args, **kwargs)
-        finally:
-            _AUDIT['on'] = False
-            found['events'] += _AUDIT['events']
-            found['unobserved'] += self.seen.unobserved
-            found['decides'] += 1
-    monkeypatch.setattr(HostManager, 'decide', decide)
-    return found
-
-
 @pytest.mark.parametrize('steps', SCENARIOS.values(), ids=list(SCENARIOS))
-def test_deciding_reads_starts_and_changes_nothing_beyond_what_was_observed(host, decide_audit, steps):
+def test_deciding_reads_starts_and_changes_nothing_beyond_what_was_observed(host, decide_guard, steps):
     """Observe, then decide: every file, process and daemon answer the plan needs is read by HostManager.observe; the
     decision itself - check mode and real run, every scenario and the teardown - opens, lists, starts and changes
     nothing."""
     for resources in steps:
         _check_then_apply(host, resources)
     _check_then_apply(host, [], state='absent')
-    assert decide_audit['decides'] >= 3 * (len(steps) + 1)
-    assert decide_audit['events'] == [] and decide_audit['unobserved'] == [], decide_audit
+    assert decide_guard['decisions'] >= 3 * (len(steps) + 1)
 
 
-def test_deciding_about_busy_clients_uses_what_was_observed(host, decide_audit):
+def test_deciding_about_busy_clients_uses_what_was_observed(host, decide_guard):
     """A restart with a client connected: the clients come from the observed control batch, the wait runs live."""
     host.run([{'name': 'train', 'devices': [0]}])
     client = host.client('train')
     planned = host.run([{'name': 'train', 'devices': [1]}], check=True, busy='wait', busy_timeout=1)
     assert planned.changes[0].kind == 'wait' and str(client.pid) in planned.changes[0].action
-    assert decide_audit['events'] == [] and decide_audit['unobserved'] == [], decide_audit
+    assert decide_guard['decisions']
 
 
 # --- client priority (issue 29) ------------------------------------------------------------------------------------
@@ -640,10 +652,9 @@ def _set_driver(version):
 
 
 def test_a_driver_upgrade_restarts_the_daemon_under_the_busy_policy_with_the_reason(host, sim_clients):
-    from ansible_collections.gpufleet.mps.plugins.module_utils._resource.record import read_record  # pylint: disable=import-outside-toplevel
     resources = [{'name': 'train', 'devices': [0]}, {'name': 'infer', 'devices': [1]}]
     host.run(resources)
-    old = read_record(resource_paths(host.root, 'train')).driver_version
+    old = _record(host.root, 'train').driver_version
     assert old
     _set_driver('590.44.01')
     client, _reply = sim_clients(resource_paths(host.root, 'infer').pipe_dir)
@@ -651,14 +662,14 @@ def test_a_driver_upgrade_restarts_the_daemon_under_the_busy_policy_with_the_rea
     with pytest.raises(MpsError) as caught:
         host.run(resources)
     assert 'infer' in str(caught.value) and str(client.pid) in str(caught.value), caught.value
-    assert read_record(resource_paths(host.root, 'infer')).driver_version == old  # not restarted
+    assert _record(host.root, 'infer').driver_version == old  # not restarted
     host.leave(client)
     planned = host.run(resources, check=True)
     restarts = [change for change in _listed(planned) if change['kind'] == 'restart']
     assert sorted(change['resource'] for change in restarts) == ['infer', 'train'], _listed(planned)
     assert all('started under driver %s and NVML now reports 590.44.01' % old in change['action'] for change in restarts), restarts
     _check_then_apply(host, resources)
-    assert read_record(resource_paths(host.root, 'train')).driver_version == '590.44.01'
+    assert _record(host.root, 'train').driver_version == '590.44.01'
 
 
 # --- the Slurm hook (issue 28) ----------------------------------------------------------------------------------------
@@ -730,13 +741,12 @@ def _partition_client(host, name, value):
     return proc, json.loads(proc.stdout.readline())
 
 
-def test_sm_partitions_are_created_at_the_start_resized_in_place_and_left_with_a_restart(host, decide_audit):
-    from ansible_collections.gpufleet.mps.plugins.module_utils._resource.record import read_record  # pylint: disable=import-outside-toplevel
+def test_sm_partitions_are_created_at_the_start_resized_in_place_and_left_with_a_restart(host, decide_guard):
     _set_cuda('13010')
     entry = {'name': 'train', 'devices': [0], 'sm_partitions': [8, 4]}
     _check_then_apply(host, [entry])
     paths = resource_paths(host.root, 'train')
-    assert read_record(paths).static_partitioning is True
+    assert _record(host.root, 'train').static_partitioning is True
     assert sorted(chunks for _gpu, _id, chunks in _partitions(host, 'train')) == [4, 8]
     facts = json.loads((host.base / 'facts.d' / 'gpufleet_mps.fact').read_text())
     assert facts['resources'][0]['sm_partitions'] == [8, 4]
@@ -747,11 +757,11 @@ def test_sm_partitions_are_created_at_the_start_resized_in_place_and_left_with_a
     _bare, refused = _partition_client(host, 'train', None)
     assert refused['error'] == 'CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION'
     # resized in place: one more partition is one sm_partition add, the daemon and its client untouched
-    pid = read_record(paths).pid
+    pid = _record(host.root, 'train').pid
     grown = _check_then_apply(host, [dict(entry, sm_partitions=[8, 4, 2])])
     assert [change.action for change in grown.executed if change.kind == 'limits'] == [
         'apply sm_partition add %s 2' % host.uuids()[0]], _listed(grown)
-    assert read_record(paths).pid == pid and client.poll() is None
+    assert _record(host.root, 'train').pid == pid and client.poll() is None
     # the partition with the client is no longer listed: refused before anything changes
     with pytest.raises(MpsError, match=r'sm_partitions: %s \(4 chunks\) of train has clients' % re.escape(value)):
         host.run([dict(entry, sm_partitions=[8, 2])])
@@ -763,10 +773,10 @@ def test_sm_partitions_are_created_at_the_start_resized_in_place_and_left_with_a
     # none wanted: the daemon leaves static partitioning, which only a restart does
     plain = _check_then_apply(host, [{'name': 'train', 'devices': [0]}])
     assert [change.kind for change in plain.executed if change.resource == 'train'].count('restart') == 1, _listed(plain)
-    assert read_record(paths).static_partitioning is False
+    assert _record(host.root, 'train').static_partitioning is False
     assert 'not enabled' in _ask(host, 'train', 'lspart')
     # every decision read only what its observe stage had (lspart in the daemon's one batch)
-    assert decide_audit['events'] == [] and decide_audit['unobserved'] == [], decide_audit
+    assert decide_guard['decisions']
 
 
 def test_sm_partitions_for_a_daemon_started_without_s_restart_it_with_the_reason(host):
@@ -799,7 +809,7 @@ def test_a_static_daemon_whose_start_record_is_gone_is_known_by_its_arguments(ho
 
 
 @pytest.mark.parametrize('running', [True, False], ids=['daemon running', 'first start'])
-def test_a_binary_without_static_partitioning_is_refused_before_anything_changes(host, running, decide_audit):
+def test_a_binary_without_static_partitioning_is_refused_before_anything_changes(host, running, decide_guard):
     _set_cuda('13000')  # r580: no -S, no sm_partition (gpu-evidence probe2.txt)
     if running:
         host.run([{'name': 'train', 'devices': [0]}])
@@ -808,7 +818,7 @@ def test_a_binary_without_static_partitioning_is_refused_before_anything_changes
         host.run([{'name': 'train', 'devices': [0], 'sm_partitions': [4]}])
     assert caught.value.param == 'sm_partitions' and 'lists no sm_partition' in str(caught.value), caught.value
     assert sorted(_daemon_pids(host.root)) == before
-    assert decide_audit['unobserved'] == [], decide_audit  # the help text was read in the observe stage
+    assert decide_guard['decisions']  # the help text was read in the observe stage: the decision raised no I/O
 
 
 def test_sm_partitions_on_a_gpu_older_than_ampere_or_over_its_chunks_are_refused(host):

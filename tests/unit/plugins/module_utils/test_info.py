@@ -17,6 +17,9 @@ from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.process i
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import ControlBinaryError, InvalidParameterError
 from ansible_collections.gpufleet.mps.plugins.module_utils._limits.model import Limits
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import resource_paths
+from ansible_collections.gpufleet.mps.plugins.module_utils._observe.readout import limit_differences
+from ansible_collections.gpufleet.mps.plugins.module_utils._observe import reader as _reader
+from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.liveness import inspect
 
 UUID0 = 'GPU-6a2b5c1e-0000-4000-8000-000000000000'
 UUID1 = 'GPU-6a2b5c1e-1111-4000-8000-000000000001'
@@ -81,24 +84,19 @@ def test_only_listed_servers_are_reported_with_status_uid_clients_and_limits():
         'Server with PID 31 not found', 'Server with PID 31 not found', 'Server with PID 31 not found PID ID SERVER',
         'ACTIVE', '41\n42', '3G', '512M', '25.0',                       # 32
     ])
-    readout = _info.parse_daemon_replies(replies, 2, [31, 32], [UUID0, UUID1], {32: 1000}.get)
+    readout = _state.parse_state(replies, 2, [31, 32])
     assert readout.default_percentage == 25.0
     assert readout.default_mem == ['3G', None]
     assert readout.default_priority == 1
-    assert readout.servers == [{
-        'pid': 32, 'status': 'ACTIVE', 'uid': 1000, 'clients': [41, 42],
-        'limits': {'active_thread_percentage': 25.0, 'pinned_device_mem_limit': {UUID0: '3G', UUID1: '512M'}},
-    }]
+    assert readout.servers == [_state.ServerState(32, 'ACTIVE', [41, 42], 25.0, ['3G', '512M'])]
 
 
 def test_a_listed_server_that_is_not_a_child_is_still_listed():
     cmds = _state.state_commands(1, [])
-    readout = _info.parse_daemon_replies(_replies(cmds, ['100.0', '77', '', 'Unrecognized command: get_default_client_priority']),
-                                         1, [], [UUID0], lambda pid: None)
+    readout = _state.parse_state(_replies(cmds, ['100.0', '77', '', 'Unrecognized command: get_default_client_priority']), 1, [])
     assert readout.default_mem == [None]
     assert readout.default_priority is None  # a binary without client priority
-    assert readout.servers == [{'pid': 77, 'status': None, 'uid': None, 'clients': [],
-                                'limits': {'active_thread_percentage': None, 'pinned_device_mem_limit': {}}}]
+    assert readout.servers == [_state.ServerState(77)]
 
 
 def test_process_uid_reads_the_real_uid(tmp_path):
@@ -112,12 +110,12 @@ def test_process_uid_reads_the_real_uid(tmp_path):
 # --- limits -------------------------------------------------------------------------------------
 def test_lossy_readback_of_the_persisted_limits_is_no_difference():
     persisted = Limits(active_thread_percentage=25, pinned_device_mem_limit={UUID0: 3840, '*': 512})
-    assert _info.limit_differences(persisted, 25.0, {UUID0: '3G', UUID1: '512M'}, [UUID0, UUID1]) == []
+    assert limit_differences(persisted, 25.0, {UUID0: '3G', UUID1: '512M'}, [UUID0, UUID1]) == []
 
 
 def test_limits_that_differ_from_the_persisted_ones_are_named():
     persisted = Limits(active_thread_percentage=25, pinned_device_mem_limit={UUID0: 3840, UUID1: 1024})
-    found = _info.limit_differences(persisted, 50.0, {UUID0: '2G', UUID1: None}, [UUID0, UUID1])
+    found = limit_differences(persisted, 50.0, {UUID0: '2G', UUID1: None}, [UUID0, UUID1])
     assert found == [
         'active thread percentage 25 persisted, 50.0 reported',
         'pinned memory limit of device 0 (%s) 3840M persisted, 2G reported' % UUID0,
@@ -126,8 +124,8 @@ def test_limits_that_differ_from_the_persisted_ones_are_named():
 
 
 def test_nothing_persisted_or_unmanaged_never_differs():
-    assert _info.limit_differences(None, 50.0, {UUID0: '2G'}, [UUID0]) == []
-    assert _info.limit_differences(Limits(), 50.0, {UUID0: '2G'}, [UUID0]) == []
+    assert limit_differences(None, 50.0, {UUID0: '2G'}, [UUID0]) == []
+    assert limit_differences(Limits(), 50.0, {UUID0: '2G'}, [UUID0]) == []
 
 
 # --- validation ---------------------------------------------------------------------------------
@@ -205,7 +203,7 @@ class Host:
             os.makedirs(directory, exist_ok=True)
         subprocess.run([self.binary, '-d'], env=daemon_env(paths, uuids), check=True, capture_output=True)
         for attempt in range(200):
-            state = _info.inspect(paths)
+            state = inspect(paths)
             if state.running and state.pid:
                 break
             time.sleep(0.05)
@@ -273,9 +271,9 @@ def test_a_child_that_is_not_a_server_is_ignored_whatever_its_error_text(host, m
                    env=dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=resource_paths(host.root, 'train').pipe_dir),
                    check=True, capture_output=True, text=True)
     server = host.client('train')['server_pid']
-    real = _info.child_pids(daemon_pid)
+    real = _proc.child_pids(daemon_pid)
     # Not a server, asked about before and after the real one.
-    monkeypatch.setattr(_info, 'child_pids', lambda pid: [os.getpid()] + real + [os.getppid()])
+    monkeypatch.setattr(_reader, 'child_pids', lambda pid: [os.getpid()] + real + [os.getppid()])
     report = host.collect()
     (daemon,) = report.facts['daemons']
     assert daemon['healthy'], daemon['error']
@@ -306,7 +304,7 @@ def test_a_stale_daemon_is_reported_with_its_leftovers_and_a_warning(host):
     pid = host.start('crashed', uuids(1))
     os.kill(pid, signal.SIGKILL)
     for attempt in range(100):
-        if not _info.inspect(resource_paths(host.root, 'crashed')).running:
+        if not inspect(resource_paths(host.root, 'crashed')).running:
             break
         time.sleep(0.05)
     report = host.collect()

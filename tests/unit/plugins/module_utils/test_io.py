@@ -7,6 +7,8 @@ import os
 
 import pytest
 
+from ansible_collections.gpufleet.mps.plugins.module_utils._observe.paths import read_paths
+from ansible_collections.gpufleet.mps.plugins.module_utils._observe.reader import ancestors
 from ansible_collections.gpufleet.mps.plugins.module_utils import _io
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import MpsError, UnsafePathError
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import managed_dirs, resource_paths
@@ -55,7 +57,7 @@ def test_untraversable_parents_are_listed(tmp_path):
     closed = tmp_path / 'closed'
     (closed / 'pipe').mkdir(parents=True)
     closed.chmod(0o700)
-    blocked = _io.untraversable_parents(str(closed / 'pipe'))
+    blocked = _io.untraversable(read_paths(others=ancestors(str(closed / 'pipe'))), str(closed / 'pipe'))
     assert str(closed) in blocked
 
 

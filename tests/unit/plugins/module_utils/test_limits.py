@@ -129,7 +129,9 @@ def gpu(index, name, mib, cc=(7, 5)):
 @pytest.fixture
 def manager(tmp_path):
     def make(gpus):
-        return LimitsManager(resource_paths(str(tmp_path / 'root'), 'r'), config_paths(str(tmp_path / 'etc'), 'r'), None, gpus, False)
+        made = LimitsManager(resource_paths(str(tmp_path / 'root'), 'r'), config_paths(str(tmp_path / 'etc'), 'r'), None, gpus, False)
+        made.observe_own()  # the host as a run reads it first: nothing there
+        return made
     return make
 
 
@@ -257,8 +259,8 @@ class RecordingLock:
 
 
 def test_the_state_acted_on_is_read_under_the_resource_lock(tmp_path, monkeypatch):
-    # Checks run before the lock (they create nothing); what is applied and persisted is judged from state read
-    # again under it, so a concurrent mps_daemon or mps_limits run on the resource is seen whole or not at all.
+    # The resource is read once, under the lock, and everything is judged from that read - the refusals too (a refused run
+    # removes the lock it made): a concurrent mps_daemon or mps_limits run on the resource is seen whole or not at all.
     lock = RecordingLock()
     monkeypatch.setattr(_limits_manager, 'resource_lock', lambda paths: lock)
     daemon = types.SimpleNamespace(client=types.SimpleNamespace(processes=0))
@@ -273,7 +275,7 @@ def test_the_state_acted_on_is_read_under_the_resource_lock(tmp_path, monkeypatc
 
     limits.scope = scope
     out = limits.ensure(None, None, 4, 'ignore', True, create=True)
-    assert seen == [False, True]
+    assert seen and all(seen)
     assert out.persisted and not lock.held
 
 
@@ -490,6 +492,7 @@ def test_what_mps_limits_is_not_given_keeps_its_persisted_value(manager, tmp_pat
     made = manager(h100)
     os.makedirs(made.config.config_dir)
     _store.persist(made.config, _limits.Limits(50.0, {}, None, 1, (8, 4)), check_mode=False)
+    made.observe_own()
     kept = made.wanted(h100, 25, None, None)
     assert (kept.active_thread_percentage, kept.client_priority, kept.sm_partitions) == (25.0, 1, (8, 4))
     made.sm_partitions = []

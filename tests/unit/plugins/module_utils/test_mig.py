@@ -178,7 +178,7 @@ def test_a_gpu_is_not_a_mig_device():
     assert not gpu.is_mig and gpu.address == '0' and gpu.label == 'GPU 0 (GPU-x)'
 
 
-def test_a_mig_resource_under_systemd_sets_no_compute_mode_and_pins_the_mig_uuid(mixed, tmp_path):
+def test_a_mig_resource_under_systemd_sets_no_compute_mode_and_pins_the_mig_uuid(mixed, tmp_path, see):
     """The unit's ExecStartPre sets a compute mode only when MPS_COMPUTE_MODE is set: empty for a MIG device."""
     from ansible_collections.gpufleet.mps.plugins.module_utils._daemon.manager import DaemonSetup, ResourceManager  # pylint: disable=import-outside-toplevel
     gpus, parser = mixed
@@ -189,6 +189,7 @@ def test_a_mig_resource_under_systemd_sets_no_compute_mode_and_pins_the_mig_uuid
     setup = DaemonSetup.from_params(params, lambda given: given)
     with Nvml() as nvml:
         manager = ResourceManager(setup.paths, setup.config, setup.daemon, nvml, 'systemd', True, unit_dir=str(tmp_path / 'units'))
+        see(manager, gpus=nvml.gpus())
         wanted = manager.wanted(['1:0'], False, 'exclusive_process', True)
         env = manager._env_values(wanted)  # pylint: disable=protected-access
     assert wanted.compute_mode == 'unchanged'
@@ -197,6 +198,7 @@ def test_a_mig_resource_under_systemd_sets_no_compute_mode_and_pins_the_mig_uuid
     assert env['MPS_COMPUTE_MODE'] == ''
     whole = ResourceManager(setup.paths, setup.config, setup.daemon, Nvml(), 'systemd', True, unit_dir=str(tmp_path / 'units'))
     with whole.nvml:
+        see(whole, gpus=whole.nvml.gpus())
         values = whole._env_values(whole.wanted([0], False, 'exclusive_process', True))  # pylint: disable=protected-access
     assert values['MPS_COMPUTE_MODE'] == 'EXCLUSIVE_PROCESS'
 

@@ -15,7 +15,8 @@ from ansible_collections.gpufleet.mps.plugins.module_utils._daemon.manager impor
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import config_paths, resource_paths
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource.record import StartRecord
 from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.unit import RESTART_ENV, parse_env, render_env
-from ansible_collections.gpufleet.mps.plugins.module_utils._io import read_text
+from ansible_collections.gpufleet.mps.plugins.module_utils._io import read_text, rmdir_if_empty
+from ansible_collections.gpufleet.mps.plugins.module_utils._observe import paths as _paths
 
 
 @pytest.fixture
@@ -67,17 +68,19 @@ def _write_env(manager, wanted, **changes):
     {'MPS_NVIDIA_SMI': '/usr/local/bin/nvidia-smi'},
     {'MPS_LIMITS_FILE': '/elsewhere/train.limits'},
 ])
-def test_values_the_running_daemon_does_not_use_are_rewritten_without_a_restart(manager, changes):
+def test_values_the_running_daemon_does_not_use_are_rewritten_without_a_restart(manager, changes, see):
     wanted = _wanted()
     _write_env(manager, wanted, **changes)
+    see(manager, RUNNING)
     assert manager._differences(wanted, RUNNING, _record(wanted)) == []
     assert read_text(manager.config.env_file) != manager._systemd_files(wanted)[manager.config.env_file]  # rewritten in place
 
 
 @pytest.mark.parametrize('key', RESTART_ENV)
-def test_values_the_daemon_was_started_with_force_a_restart(manager, key):
+def test_values_the_daemon_was_started_with_force_a_restart(manager, key, see):
     wanted = _wanted()
     _write_env(manager, wanted, **{key: 'something-else'})
+    see(manager, RUNNING)
     differences = manager._differences(wanted, RUNNING, _record(wanted))
     assert differences == ['environment file %s differs in %s' % (manager.config.env_file, key)]
 
@@ -88,11 +91,13 @@ def test_the_restart_keys_are_exactly_what_the_unit_starts_the_daemon_with(manag
     assert env['MPS_DAEMON_ARGS'] == '-multiuser-server' and env['CUDA_VISIBLE_DEVICES'] == 'GPU-a,GPU-b'
 
 
-def test_a_record_without_shm_means_shm_false_and_a_change_of_shm_restarts(manager):
+def test_a_record_without_shm_means_shm_false_and_a_change_of_shm_restarts(manager, see):
     wanted = _wanted()
     _write_env(manager, wanted)
     old_record = StartRecord.from_data({key: value for key, value in _data(wanted).items() if key != 'shm'})
+    see(manager, RUNNING)
     assert manager._differences(wanted, RUNNING, old_record) == []
+    see(manager, RUNNING)
     assert manager._differences(_wanted(shm=True), RUNNING, old_record) == ['shm: False -> True']
 
 
@@ -111,27 +116,31 @@ class ActiveUnit:
 
 
 @pytest.mark.parametrize('changes', [{'MPS_LOG_MODE': None}, {'MPS_STOP_TIMEOUT': '5'}, {'MPS_COMPUTE_MODE': 'DEFAULT'}])
-def test_after_a_reboot_without_record_only_restart_values_count(manager, changes):
+def test_after_a_reboot_without_record_only_restart_values_count(manager, changes, see):
     # /run lost the .started record; systemd started the daemon from an environment file written by an
     # older version or with other timeouts: no restart, the files are rewritten in place.
     manager.systemctl = ActiveUnit()
     wanted = _wanted()
     _write_env(manager, wanted, **changes)
+    see(manager, RUNNING)
     assert manager._differences(wanted, RUNNING, None) == []
 
 
-def test_after_a_reboot_without_record_a_restart_value_still_restarts(manager):
+def test_after_a_reboot_without_record_a_restart_value_still_restarts(manager, see):
     manager.systemctl = ActiveUnit()
     wanted = _wanted()
     _write_env(manager, wanted, CUDA_VISIBLE_DEVICES='GPU-a')
+    see(manager, RUNNING)
     assert manager._differences(wanted, RUNNING, None) == ['no .started record for the running daemon']
 
 
-def test_a_daemon_whose_dev_shm_cannot_be_seen_is_restarted_only_when_shm_is_wanted(manager):
+def test_a_daemon_whose_dev_shm_cannot_be_seen_is_restarted_only_when_shm_is_wanted(manager, see):
     wanted = _wanted(shm=True)
     _write_env(manager, wanted)
+    see(manager, RUNNING)
     assert manager._differences(wanted, RUNNING, _record(wanted)) == [
         'the daemon does not see the current %s/shm as its /dev/shm (mounted anew since it started?)' % manager.paths.root]
+    see(manager, RUNNING)
     assert manager._differences(_wanted(), RUNNING, _record(_wanted())) == []
 
 
@@ -145,7 +154,7 @@ class NoNamespaceDaemon(types.SimpleNamespace):
         self.stopped.append(pid)
 
 
-def test_a_daemon_that_cannot_get_its_namespace_is_refused_before_the_running_one_is_stopped(tmp_path):
+def test_a_daemon_that_cannot_get_its_namespace_is_refused_before_the_running_one_is_stopped(tmp_path, see):
     paths = resource_paths(str(tmp_path / 'root'), 'train')
     config = config_paths(str(tmp_path / 'etc'), 'train')
     daemon = NoNamespaceDaemon(binary='/bin/true', log_mode=0o700, start_timeout=30, stop_timeout=30, stopped=[])
@@ -153,17 +162,19 @@ def test_a_daemon_that_cannot_get_its_namespace_is_refused_before_the_running_on
     wanted = _wanted(supervisor='none', shm=True)
     record = StartRecord.from_data(dict(_wanted(supervisor='none').record(), pid=RUNNING.pid))
     with pytest.raises(InvalidParameterError, match='^shm: cannot give the daemon'):
+        see(manager, RUNNING, shm_namespace='shm: cannot give the daemon /x/shm as /dev/shm in a mount namespace of its own')
         manager._ensure_running('started', wanted, RUNNING, record, Outcome())
     assert daemon.stopped == []
 
 
-def test_a_systemd_root_that_a_drop_in_cannot_carry_is_refused_before_anything_is_stopped(tmp_path):
+def test_a_systemd_root_that_a_drop_in_cannot_carry_is_refused_before_anything_is_stopped(tmp_path, see):
     paths = resource_paths(str(tmp_path / 'a:b'), 'train')
     config = config_paths(str(tmp_path / 'etc'), 'train')
     daemon = NoNamespaceDaemon(binary='/bin/true', log_mode=0o700, start_timeout=30, stop_timeout=30, stopped=[])
     manager = ResourceManager(paths, config, daemon, nvml=None, supervisor='systemd', check_mode=False)
     wanted = _wanted(shm=True)
     with pytest.raises(InvalidParameterError, match='^root: .* cannot be written into a systemd unit'):
+        see(manager, RUNNING)
         manager._ensure_running('started', wanted, RUNNING, _record(_wanted()), Outcome())
     assert daemon.stopped == []
 
@@ -171,24 +182,25 @@ def test_a_systemd_root_that_a_drop_in_cannot_carry_is_refused_before_anything_i
 def test_a_directory_planned_empty_that_is_not_any_more_is_kept(tmp_path):
     (tmp_path / 'd').mkdir()
     (tmp_path / 'd' / 'late').write_text('')
-    _manager._rmdir_if_empty(str(tmp_path / 'd'))
+    assert not rmdir_if_empty(str(tmp_path / 'd'))
     assert (tmp_path / 'd' / 'late').exists()
-    _manager._rmdir_if_empty(str(tmp_path / 'gone'))  # already gone: nothing to do
+    assert not rmdir_if_empty(str(tmp_path / 'gone'))  # already gone: nothing to do
 
 
-def test_a_mount_point_is_never_removed_by_absent(manager, monkeypatch):
+def test_a_mount_point_is_never_removed_by_absent(manager, monkeypatch, see):
     os.makedirs(manager.paths.pipe_dir)
-    monkeypatch.setattr(_manager.os.path, 'ismount', lambda path: path == manager.paths.pipe_dir)
+    monkeypatch.setattr(_paths, 'mount_points', lambda text: frozenset([manager.paths.pipe_dir]))
+    see(manager)
     out = Outcome()
     assert manager._remove(manager.paths.pipe_dir, out) is False and out.actions == []
 
 
 @pytest.mark.parametrize('busy', ['refuse', 'wait', 'terminate'])
-def test_a_daemon_with_clients_is_refused_waited_for_or_ended_as_busy_says(manager, monkeypatch, busy):
+def test_a_daemon_with_clients_is_refused_waited_for_or_ended_as_busy_says(manager, monkeypatch, busy, see):
     clients = [{'pid': 41, 'uid': 1000, 'server': 7}]
-    monkeypatch.setattr(manager, 'connected_clients', lambda pid: clients)
     manager.busy = busy
     out = _manager.DaemonOutcome()
+    see(manager, RUNNING, clients=clients)
     if busy == 'refuse':
         with pytest.raises(_manager.MpsError, match=r'^busy: the stop .* would end its 1 connected client\(s\) - pid 41 '
                                                     r'\(uid 1000\) on server 7; nothing was done\. Set busy=wait'):
@@ -203,14 +215,14 @@ def test_a_daemon_with_clients_is_refused_waited_for_or_ended_as_busy_says(manag
         assert out.actions == [] and out.warnings[0].endswith('(busy=terminate) - pid 41 (uid 1000) on server 7')
 
 
-def test_a_daemon_without_clients_stops_whatever_busy_says(manager, monkeypatch):
-    monkeypatch.setattr(manager, 'connected_clients', lambda pid: [])
+def test_a_daemon_without_clients_stops_whatever_busy_says(manager, see):
     out = _manager.DaemonOutcome()
+    see(manager, RUNNING)
     manager._plan_busy(RUNNING, out, 'the stop')
     assert out.actions == [] and out.warnings == [] and not out.changed
 
 
-def test_a_foreground_daemon_gets_its_dropin_and_no_pid_file_and_switching_restarts_it(manager):
+def test_a_foreground_daemon_gets_its_dropin_and_no_pid_file_and_switching_restarts_it(manager, see):
     background, foreground = _wanted(), _wanted(foreground=True)
     files = manager._systemd_files(foreground)
     assert 'Type=exec' in files[manager.foreground_dropin_path] and files[manager.pidfile_dropin_path] is None
@@ -218,7 +230,9 @@ def test_a_foreground_daemon_gets_its_dropin_and_no_pid_file_and_switching_resta
     assert files[manager.foreground_dropin_path] is None and 'PIDFile=' in files[manager.pidfile_dropin_path]
     assert manager.foreground_dropin_path in manager.created_files()
     _write_env(manager, background)
+    see(manager, RUNNING)
     assert manager._differences(background, RUNNING, _record(background)) == []
+    see(manager, RUNNING)
     assert manager._differences(foreground, RUNNING, _record(foreground)) == [
         'environment file %s differs in MPS_FOREGROUND' % manager.config.env_file]
 
@@ -229,11 +243,11 @@ def test_foreground_without_systemd_is_refused_before_anything(tmp_path):
     manager = ResourceManager(paths, config_paths(str(tmp_path / 'etc'), 'train'), daemon, nvml=None, supervisor='none',
                               check_mode=True)
     with pytest.raises(InvalidParameterError, match='^foreground: needs supervisor=systemd'):
-        manager.wanted('all', False, 'exclusive_process', True, foreground=True)
+        manager.validate('started', 'exclusive_process', foreground=True)
     assert not os.path.exists(str(tmp_path / 'root'))
 
 
-def test_a_unit_order_is_a_dropin_of_its_own_rewritten_without_a_restart(manager):
+def test_a_unit_order_is_a_dropin_of_its_own_rewritten_without_a_restart(manager, see):
     wanted = _wanted()
     assert manager._systemd_files(wanted)[manager.order_dropin_path] is None
     manager.unit_before, manager.unit_after = ('slurmd.service',), ('nvidia-fabricmanager.service',)
@@ -243,6 +257,7 @@ def test_a_unit_order_is_a_dropin_of_its_own_rewritten_without_a_restart(manager
     assert manager.order_dropin_path in manager.unit_files() and manager.order_dropin_path in manager.created_files()
     # ordering is read by systemd at boot, not by the running daemon: never a restart
     _write_env(manager, wanted)
+    see(manager, RUNNING)
     assert manager._differences(wanted, RUNNING, _record(wanted)) == []
 
 

@@ -12,6 +12,9 @@ import types
 
 import pytest
 
+from ansible_collections.gpufleet.mps.plugins.module_utils._execute import execute
+from ansible_collections.gpufleet.mps.plugins.module_utils._observe.reader import read_labels
+from ansible_collections.gpufleet.mps.plugins.module_utils._observe.view import HostView
 from ansible_collections.gpufleet.mps.plugins.module_utils import _selinux
 from ansible_collections.gpufleet.mps.plugins.module_utils._daemon.manager import DaemonOutcome, DaemonSetup, ResourceManager
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import InvalidParameterError
@@ -62,26 +65,33 @@ def test_a_host_without_selinux_is_never_touched(monkeypatch, tmp_path):
     sel = FakeSelinux(enabled=False)
     monkeypatch.setattr(_selinux, '_sel', sel)
     out = Outcome()
-    assert _selinux.plan_type(str(tmp_path), 'container_file_t', out) is None
+    assert _selinux.plan_type(str(tmp_path), 'container_file_t', out, _labels(str(tmp_path))) is None
     monkeypatch.setattr(_selinux, '_sel', None)  # no libselinux at all
-    assert _selinux.plan_type(str(tmp_path), 'container_file_t', out) is None
+    assert _selinux.plan_type(str(tmp_path), 'container_file_t', out, _labels(str(tmp_path))) is None
     assert out.actions == [] and sel.set_calls == []
 
 
 def test_a_wrong_type_is_planned_applied_and_then_left_alone(fake, tmp_path):
     path = str(tmp_path)
     out = Outcome()
-    assert _selinux.plan_type(path, 'container_file_t', out) == 'var_run_t'
+    assert _selinux.plan_type(path, 'container_file_t', out, _labels(path)) == 'var_run_t'
     assert out.actions == ['set SELinux type container_file_t on %s (was var_run_t)' % path] and fake.set_calls == []
-    out.apply()
+    execute(out)
     assert fake.contexts[path] == 'system_u:object_r:container_file_t:s0'
     again = Outcome()
-    assert _selinux.plan_type(path, 'container_file_t', again) == 'container_file_t' and again.actions == []
+    assert _selinux.plan_type(path, 'container_file_t', again, _labels(path)) == 'container_file_t' and again.actions == []
 
 
 def test_an_empty_type_leaves_labels_alone(fake, tmp_path):
     out = Outcome()
-    assert _selinux.plan_type(str(tmp_path), '', out) is None and out.actions == []
+    assert _selinux.plan_type(str(tmp_path), '', out, _labels(str(tmp_path))) is None and out.actions == []
+
+
+def _labels(*paths):
+    """A view that read SELinux's state and the labels of ``paths``."""
+    view = HostView()
+    read_labels(view, paths)
+    return view.seal()
 
 
 def _manager(tmp_path, check_mode):
@@ -93,19 +103,21 @@ def _manager(tmp_path, check_mode):
     return manager
 
 
-def test_a_pipe_directory_created_by_the_start_is_labelled_after_it_exists(fake, tmp_path):
+def test_a_pipe_directory_created_by_the_start_is_labelled_after_it_exists(fake, tmp_path, see):
     manager = _manager(tmp_path, check_mode=False)
+    see(manager)
     out = DaemonOutcome()
     manager._prepare_dirs(out)
     assert out.actions == ['set SELinux type container_file_t on %s' % manager.paths.pipe_dir]
     assert out.selinux == {'before': None, 'after': 'container_file_t'}
-    out.apply()
+    execute(out)
     assert fake.set_calls == [(manager.paths.pipe_dir, 'system_u:object_r:container_file_t:s0')]
 
 
-def test_a_drifted_label_is_repaired_once_and_check_mode_only_says_so(fake, tmp_path):
+def test_a_drifted_label_is_repaired_once_and_check_mode_only_says_so(fake, tmp_path, see):
     manager = _manager(tmp_path, check_mode=True)
     os.makedirs(manager.paths.pipe_dir)
+    see(manager)
     out = DaemonOutcome()
     manager._label(out)
     manager._prepare_dirs(out)  # planned once, not twice
@@ -153,7 +165,7 @@ def _shm_manager(tmp_path, check_mode=False, selinux_type='container_file_t'):
 def test_the_shared_tmpfs_is_labelled_after_its_mount_then_left_alone(fake, tmp_path, monkeypatch):
     from ansible_collections.gpufleet.mps.plugins.module_utils import _shm
     mounted = []
-    monkeypatch.setattr(_shm, 'current_state', lambda path, pages=None, mountinfo=None: _shm.ShmState(True, 65536, list(_shm.FLAGS), '1777')
+    monkeypatch.setattr(_shm, 'current_state', lambda path, pages=None, **kwargs: _shm.ShmState(True, 65536, list(_shm.FLAGS), '1777')
                         if mounted else _shm.ShmState(False))
     shm = str(tmp_path / 'root' / 'shm')
     os.makedirs(shm)
@@ -173,7 +185,7 @@ def test_the_shared_tmpfs_is_labelled_after_its_mount_then_left_alone(fake, tmp_
 
 def test_the_shared_tmpfs_is_never_labelled_without_selinux_or_without_a_type(fake, tmp_path, monkeypatch):
     from ansible_collections.gpufleet.mps.plugins.module_utils import _shm
-    monkeypatch.setattr(_shm, 'current_state', lambda path, pages=None, mountinfo=None: _shm.ShmState(True, 65536, list(_shm.FLAGS), '1777'))
+    monkeypatch.setattr(_shm, 'current_state', lambda path, pages=None, **kwargs: _shm.ShmState(True, 65536, list(_shm.FLAGS), '1777'))
     os.makedirs(str(tmp_path / 'root' / 'shm'))
     assert not _shm_manager(tmp_path, selinux_type='').ensure('mounted', '64m').changed
     fake.enabled = False

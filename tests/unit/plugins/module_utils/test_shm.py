@@ -174,6 +174,13 @@ class FakeSystemctl:
     def is_enabled(self, unit):
         return unit in self.enabled
 
+    @staticmethod
+    def is_active(unit):
+        return False
+
+    def states(self, units):
+        return {unit: (self.is_active(unit), self.is_enabled(unit)) for unit in units}
+
     def enable(self, unit):
         self.calls.append(('enable', unit))
         self.enabled.add(unit)
@@ -187,7 +194,7 @@ class FakeSystemctl:
 
 
 def test_systemd_persistence_writes_enables_and_removes_the_unit(tmp_path, monkeypatch):
-    monkeypatch.setattr(_shm, 'current_state', lambda path, pages=None, mountinfo=None: _shm.ShmState(True, 65536, list(_shm.FLAGS), '1777'))
+    monkeypatch.setattr(_shm, 'current_state', lambda path, pages=None, **kwargs: _shm.ShmState(True, 65536, list(_shm.FLAGS), '1777'))
     fstab = tmp_path / 'fstab'
     fstab.write_text('UUID=a / ext4 defaults 0 1\n')
     systemctl = FakeSystemctl()
@@ -211,7 +218,7 @@ def test_systemd_persistence_writes_enables_and_removes_the_unit(tmp_path, monke
 
 
 def test_absent_unmounts_and_a_resize_remounts(tmp_path, monkeypatch):
-    monkeypatch.setattr(_shm, 'current_state', lambda path, pages=None, mountinfo=None: _shm.ShmState(True, 1024, ['rw'], '1777'))
+    monkeypatch.setattr(_shm, 'current_state', lambda path, pages=None, **kwargs: _shm.ShmState(True, 1024, ['rw'], '1777'))
     mounter = FakeMounter()
     fstab = tmp_path / 'fstab'
     manager = _shm.ShmManager(str(tmp_path / 'root'), 'none', str(fstab), str(tmp_path), False, mounter, PAGES)

@@ -7,6 +7,7 @@ import os
 
 from ansible_collections.gpufleet.mps.plugins.module_utils._limits.model import Limits
 from ansible_collections.gpufleet.mps.plugins.module_utils._limits import store
+from ansible_collections.gpufleet.mps.plugins.module_utils._observe.paths import read_paths
 from ansible_collections.gpufleet.mps.plugins.module_utils._observe.scan import scan_config
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import config_paths
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource.store import start_environment
@@ -39,7 +40,7 @@ def test_the_start_environment_file_is_a_resources_file_but_never_a_resource_of_
     config = config_paths(str(tmp_path), 'train')
     store.write_replay(config, Limits(active_thread_percentage=50.0), ['GPU-a'], check_mode=False)
     assert sorted(os.listdir(str(tmp_path))) == ['train.limits', 'train.limits-env']
-    assert scan_config(str(tmp_path)) == ['train']
+    assert scan_config(read_paths(dirs=[str(tmp_path)]), str(tmp_path)) == ['train']
 
 
 def test_the_unit_reads_the_start_environment_when_there_is_one():

@@ -8,6 +8,9 @@ import subprocess
 
 import pytest
 
+from ansible_collections.gpufleet.mps.plugins.module_utils._observe.paths import ViewMiss
+from ansible_collections.gpufleet.mps.plugins.module_utils._observe.reader import read_units
+from ansible_collections.gpufleet.mps.plugins.module_utils._observe.view import HostView
 from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor import unit as _systemd
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import InvalidParameterError, MpsError
 
@@ -226,17 +229,17 @@ def test_a_systemctl_show_that_does_not_answer_for_every_unit_answers_for_none(t
     assert systemctl.states(['a.service', 'b.service']) == {}
 
 
-def test_the_observed_systemctl_answers_from_the_observation_only_while_a_plan_is_decided(tmp_path):
+def test_unit_states_are_read_once_and_a_unit_systemctl_show_left_out_is_asked_alone(tmp_path):
+    """The view's unit states: one systemctl show for them all; where it could not say, is-active/is-enabled once each.
+    The decision then reads the view (a unit it was not read for is an internal error, never a systemctl run)."""
     real = _fake_systemctl(tmp_path, '')
-    unobserved = []
-    observed = _systemd.ObservedSystemctl(real, {'a.service': (True, False)}, unobserved)
-    observed.deciding = True
-    assert observed.is_active('a.service') is True and observed.is_enabled('a.service') is False
-    assert not (tmp_path / 'calls').exists()
-    assert observed.is_active('b.service') is True and unobserved == ['systemctl: b.service']  # asked live (exit 0), and named
-    observed.deciding = False
-    observed.is_enabled('a.service')  # executing: always live
-    assert (tmp_path / 'calls').read_text().splitlines() == ['is-active --quiet b.service', 'is-enabled --quiet a.service']
+    view = HostView()
+    read_units(view, real, ['a.service', 'b.service'])
+    calls = (tmp_path / 'calls').read_text().splitlines()
+    assert calls[0].startswith('show') and len(calls) == 5, calls
+    assert view.unit('a.service') == (True, True)
+    with pytest.raises(ViewMiss):
+        view.unit('c.service')
 
 
 def test_the_order_dropin_says_before_and_after_and_is_absent_without_an_order():

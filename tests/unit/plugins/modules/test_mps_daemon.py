@@ -9,6 +9,7 @@ import pytest
 
 from ansible.module_utils.testing import patch_module_args
 
+from ansible_collections.gpufleet.mps.plugins.module_utils import _gpus
 from ansible_collections.gpufleet.mps.plugins.module_utils._daemon import manager as _resource
 from ansible_collections.gpufleet.mps.plugins.modules import mps_daemon
 
@@ -75,14 +76,15 @@ def test_a_concurrent_run_that_changed_the_compute_mode_is_seen_under_the_lock(s
     started = run_module(common, capsys)
     assert started['changed']
     subprocess.run([str(simhost / 'host' / 'bin' / 'nvidia-smi'), '-i', '0', '-c', 'DEFAULT'], check=True, capture_output=True)
-    original = _resource.ResourceManager.wanted
+    original = _resource.resource_lock
 
-    def wanted_then_other_run(self, *args, **kwargs):
-        wanted = original(self, *args, **kwargs)  # GPU 0 read as DEFAULT
+    def other_run_while_waiting(paths):
+        with _gpus.Nvml() as nvml:
+            assert nvml.gpus()[0].compute_mode == 'default'  # what A could have read before the lock
         subprocess.run([str(simhost / 'host' / 'bin' / 'nvidia-smi'), '-i', '0', '-c', 'EXCLUSIVE_PROCESS'], check=True,
                        capture_output=True)
-        return wanted
+        return original(paths)
 
-    monkeypatch.setattr(_resource.ResourceManager, 'wanted', wanted_then_other_run)
+    monkeypatch.setattr(_resource, 'resource_lock', other_run_while_waiting)
     again = run_module(common, capsys)
     assert not again['changed'], again['actions']

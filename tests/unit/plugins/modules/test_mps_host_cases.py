@@ -2,10 +2,9 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The eleven faults that issue 26 found in mps_host, each a test named by the behaviour a user expects.
 
-Every test runs the module the way Ansible does - its own process, its arguments in a file, a JSON result out - on the
-simulated host, and looks only at that result, the files and the processes. It imports nothing of the collection, so
-this file also runs against an older version of the module (see the issue's closing note: every test here fails on
-the main branch before the host plan).
+Every test runs the module the way Ansible does (the ``host`` fixture, conftest.py) and imports nothing of the
+collection, so this file also runs against an older version of the module (see the issue's closing note: every test
+here fails on the main branch before the host plan).
 """
 from __future__ import annotations
 
@@ -13,138 +12,18 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 
 import pytest
 import pynvml
 
-MODULE = 'ansible_collections.gpufleet.mps.plugins.modules.mps_host'
 
-
-class Host:
-    """One simulated host, and mps_host run on it as Ansible runs a module."""
-
-    def __init__(self, base):
-        self.base = base
-        self.root = str(base / 'root')
-        self.etc = str(base / 'etc')
-        self.facts = str(base / 'facts.d')
-        self.bin = str(base / 'host' / 'bin')
-        self.binary = os.path.join(self.bin, 'nvidia-cuda-mps-control')
-        self.args = dict(root=self.root, config_dir=self.etc, control_binary=self.binary, supervisor='none',
-                         local_facts_dir=self.facts, logrotate_dir=str(base / 'logrotate.d'), start_timeout=10, stop_timeout=5)
-        self.clients = []
-        self.runs = 0
-
-    def start(self, resources, check=False, diff=False, **options):
-        """The module's process, started: its arguments in a file, as AnsiballZ passes them."""
-        self.runs += 1
-        args = dict(self.args, resources=resources, _ansible_check_mode=check, _ansible_diff=diff, **options)
-        path = self.base / ('args-%d.json' % self.runs)
-        path.write_text(json.dumps({'ANSIBLE_MODULE_ARGS': args}))
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-        return subprocess.Popen([sys.executable, '-m', MODULE, str(path)], env=env, stdout=subprocess.PIPE,  # pylint: disable=consider-using-with
-                                stderr=subprocess.PIPE, text=True)
-
-    @staticmethod
-    def result(proc):
-        out, err = proc.communicate(timeout=120)
-        assert out.strip(), 'no result (exit %s): %s' % (proc.returncode, err[-2000:])
-        return json.loads(out.strip().splitlines()[-1])
-
-    def run(self, resources, check=False, diff=False, **options):
-        return self.result(self.start(resources, check, diff, **options))
-
-    def ok(self, resources, **options):
-        result = self.run(resources, **options)
-        assert not result.get('failed'), result.get('msg')
-        return result
-
-    @property
-    def ready(self):
-        return os.path.exists(os.path.join(self.root, '.ready'))
-
-    def pipe(self, name):
-        return os.path.join(self.root, name, 'pipe')
-
-    def daemons(self):
-        """The simulated control daemons of this root, by the pipe directory in their environment."""
-        found = {}
-        for entry in os.listdir('/proc'):
-            if not entry.isdigit():
-                continue
-            try:
-                with open('/proc/%s/environ' % entry, 'rb') as handle:
-                    env = handle.read().split(b'\0')
-                with open('/proc/%s/cmdline' % entry, 'rb') as handle:
-                    argv = handle.read().split(b'\0')
-            except OSError:
-                continue
-            pipes = [item.split(b'=', 1)[1].decode() for item in env if item.startswith(b'CUDA_MPS_PIPE_DIRECTORY=')]
-            if b'-d' in argv and pipes and pipes[0].startswith(self.root + '/'):
-                found[int(entry)] = os.path.relpath(os.path.dirname(pipes[0]), self.root)
-        return found
-
-    def client(self, name):
-        """A CUDA client stand-in connected to the resource's daemon (its server stays after the client leaves)."""
-        proc = subprocess.Popen([os.path.join(self.bin, 'mps-sim-client')],  # pylint: disable=consider-using-with
-                                env=dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=self.pipe(name)),
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.clients.append(proc)
-        assert json.loads(proc.stdout.readline())['ok']
-        return proc
-
-    @staticmethod
-    def leave(proc):
-        proc.stdin.close()
-        proc.wait(10)
-
-    @staticmethod
-    def compute_modes():
-        pynvml.nvmlInit()
-        try:
-            return [pynvml.nvmlDeviceGetComputeMode(pynvml.nvmlDeviceGetHandleByIndex(index))
-                    for index in range(pynvml.nvmlDeviceGetCount())]
-        finally:
-            pynvml.nvmlShutdown()
-
-    def close(self):
-        for proc in self.clients:
-            if proc.poll() is None:
-                proc.stdin.close()
-                proc.wait(10)
-        for pid in self.daemons():
-            _kill(pid)
-
-
-def _warnings(result):
-    """The result's warnings as text (ansible-core 2.19 returns each as a structured summary)."""
-    return [item['event']['msg'] if isinstance(item, dict) else item for item in result.get('warnings', [])]
-
-
-def _kill(pid):
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except OSError:
-        pass
-
-
-@pytest.fixture
-def host(simhost):
-    os.chmod(simhost, 0o755)  # mkdtemp's 0700 would warn about every daemon
-    made = Host(simhost)
-    yield made
-    made.close()
-
-
-def test_a_limits_change_says_which_running_servers_keep_their_limits_and_can_update_them(host):
+def test_a_limits_change_says_which_running_servers_keep_their_limits_and_can_update_them(host, warnings):
     """Case 1: an idle MPS server keeps the limits it started with; a run that changes them says so, and
     running_servers=update sets them on the server too."""
     host.ok([{'name': 'train', 'devices': [0], 'active_thread_percentage': 50}])
     host.leave(host.client('train'))
     changed = host.ok([{'name': 'train', 'devices': [0], 'active_thread_percentage': 25}])
-    assert any('keep the limits they started with' in warning for warning in _warnings(changed)), _warnings(changed)
+    assert any('keep the limits they started with' in warning for warning in warnings(changed)), warnings(changed)
     updated = host.ok([{'name': 'train', 'devices': [0], 'active_thread_percentage': 25}], running_servers='update')
     assert updated['changed'] and not updated['resources'][0]['limits']['pending']
 
@@ -206,7 +85,7 @@ def test_check_and_diff_show_a_limit_the_daemon_reads_back_otherwise_as_unchange
             assert diff['before'] == diff['after'], diff
 
 
-def test_the_warning_for_a_re_created_mig_device_says_the_daemon_restarts(host):
+def test_the_warning_for_a_re_created_mig_device_says_the_daemon_restarts(host, warnings):
     """Case 7: the recorded device is gone; the run restarts the daemon on the one listed, and says that."""
     host.ok([{'name': 'train', 'devices': [0]}])
     started = os.path.join(host.root, 'train', '.started')
@@ -216,8 +95,8 @@ def test_the_warning_for_a_re_created_mig_device_says_the_daemon_restarts(host):
     with open(started, 'w', encoding='utf-8') as handle:
         json.dump(record, handle)
     result = host.ok([{'name': 'train', 'devices': [0]}])
-    warning = [w for w in _warnings(result) if 'no longer exists' in w]
-    assert warning and 'restarts on GPU 0' in warning[0] and 'To serve the new instance' not in warning[0], _warnings(result)
+    warning = [w for w in warnings(result) if 'no longer exists' in w]
+    assert warning and 'restarts on GPU 0' in warning[0] and 'To serve the new instance' not in warning[0], warnings(result)
 
 
 def test_a_busy_wait_that_times_out_changes_nothing_and_says_restart(host):

@@ -1,23 +1,24 @@
 # Copyright: gpufleet.mps contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Execute a host's plan: exactly its changes, in order, each recorded only after its side effect returned.
+"""The one executor of every module: exactly the planned changes, in order, each recorded only after its side effect
+returned.
 
-On a failure the walk stops. A start that failed has its resource's compute modes and persisted limits put back
-as they were before this run (what can be undone is, in reverse order); the error keeps its own message and says
-what was done, what was undone and what was not done.
+On a failure the walk stops. What this run changed for the resource of the change that failed is put back where it can
+be, in reverse order (a compute mode, a file's previous content, a directory or mount this run made); the error keeps
+its own message and says what was done, what was undone and what was not done. Check mode never gets here: it returns
+the plan.
 """
 
 from __future__ import annotations
 
+import copy
 import typing as t
 
-from .._errors import MpsError
-from .._outcome import Change
-
-UNDONE_ON = ('start', 'restart')
+from ._errors import MpsError
+from ._outcome import Change
 
 
-def execute(out: t.Any, listed: t.Sequence[t.Any], ready_path: str) -> None:
+def execute(out: t.Any) -> None:
     """Walk ``out.steps``; ``out.executed`` receives each change once it is done."""
     steps, out.steps = out.steps, []
     for index, (change, run) in enumerate(steps):
@@ -27,16 +28,19 @@ def execute(out: t.Any, listed: t.Sequence[t.Any], ready_path: str) -> None:
             not_done = [item for item, _run in steps[index:] if item is not None]
             failed = change or (not_done[0] if not_done else None)
             undone = _undo(out.executed, failed)
-            raise MpsError('%s [%s]' % (exc.msg, _account(out.executed, undone, not_done)), **dict(
-                exc.details, executed=[item.as_dict() for item in out.executed], undone=[item.as_dict() for item in undone],
-                not_done=[item.as_dict() for item in not_done])) from exc
+            error = copy.copy(exc)  # the same kind of error, its message completed with the account
+            error.msg = '%s [%s]' % (exc.msg, _account(out.executed, undone, not_done))
+            error.args = (error.msg,)
+            error.details = dict(exc.details, executed=[item.as_dict() for item in out.executed],
+                                 undone=[item.as_dict() for item in undone], not_done=[item.as_dict() for item in not_done])
+            raise error from exc
         if change is not None:
             out.executed.append(change)
 
 
 def _undo(executed: t.List[Change], failed: t.Optional[Change]) -> t.List[Change]:
-    """Put back what this run changed for the resource whose start failed; the changes undone, in undo order."""
-    if failed is None or failed.kind not in UNDONE_ON:
+    """Put back what this run changed for the resource whose change failed; the changes undone, in undo order."""
+    if failed is None:
         return []
     undone = []
     for change in reversed(executed):

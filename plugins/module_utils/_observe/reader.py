@@ -1,0 +1,221 @@
+# Copyright: gpufleet.mps contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The one reader of the host: every module reads what its decisions may look at here, once, into a :class:`HostView`.
+
+:func:`read_host` reads the root (every resource under it, two levels deep, with its daemon's state and start record),
+the config directory, the files each decision compares, and the host's control daemons from ``/proc``. The probes below
+add what only some runs need - one control batch per running daemon, systemd's unit states, a binary's help text, a
+daemon's ``/dev/shm`` and environment, SELinux labels - before the view is sealed.
+"""
+
+from __future__ import annotations
+
+import os
+import typing as t
+from dataclasses import dataclass, field
+
+from .._errors import MpsError
+from .._gpus import Gpu
+from .._proc import child_pids, daemon_dev_shm, read_locks, read_mountinfo, started_static, uuids_from_environ
+from .._protocol.state import read_state
+from .._resource.layout import OWN_ENTRIES, SHM_DIR, ConfigPaths, ResourcePaths, config_paths, resource_paths
+from .._supervisor.liveness import LOCK_FILE, PIPE_DIR_FILES, inspect
+from .paths import DIRECTORY, FILE, PathView, read_paths
+from .scan import RESOURCE_MARKS, foreign_daemons, scan_config, scan_resources
+from .view import HostView, ResourceView, parse_record
+
+# What a resource's directory holds that this collection made (the lock every writer takes).
+RESOURCE_LOCK = '.lock'
+LOG_FILES = ('control.log', 'server.log')
+
+
+@dataclass
+class Wants:
+    """Paths a decision may look at: files (read), directories (listed), others (type, mode and owner only)."""
+
+    files: t.Set[str] = field(default_factory=set)
+    dirs: t.Set[str] = field(default_factory=set)
+    others: t.Set[str] = field(default_factory=set)
+    mounts: bool = False
+
+    def add(self, files: t.Iterable[t.Optional[str]] = (), dirs: t.Iterable[t.Optional[str]] = (),
+            others: t.Iterable[t.Optional[str]] = ()) -> 'Wants':
+        self.files.update(path for path in files if path)
+        self.dirs.update(path for path in dirs if path)
+        self.others.update(path for path in others if path)
+        return self
+
+    def merge(self, other: 'Wants') -> 'Wants':
+        self.add(other.files, other.dirs, other.others)
+        self.mounts = self.mounts or other.mounts
+        return self
+
+
+def ancestors(path: str) -> t.List[str]:
+    """``path`` and every directory above it (clients must be able to traverse them all)."""
+    found = []
+    current = os.path.abspath(path)
+    while True:
+        found.append(current)
+        parent = os.path.dirname(current)
+        if parent == current:
+            return found
+        current = parent
+
+
+def resource_wants(paths: ResourcePaths, config: t.Optional[ConfigPaths] = None) -> Wants:
+    """What a decision about one resource may look at: its directories and files, and its persisted files."""
+    wants = Wants().add(
+        files=[paths.started_file],
+        dirs=[paths.root, paths.resource_dir, paths.pipe_dir, paths.log_dir, os.path.dirname(paths.resource_dir)],
+        others=[os.path.join(paths.resource_dir, RESOURCE_LOCK)]
+        + [os.path.join(paths.pipe_dir, name) for name in PIPE_DIR_FILES + (LOCK_FILE,)]
+        + [os.path.join(paths.log_dir, name) for name in LOG_FILES] + ancestors(paths.pipe_dir))
+    if config is not None:
+        wants.add(files=[config.env_file, config.limits_json, config.limits_file, config.limits_env], dirs=[config.config_dir])
+    return wants
+
+
+def read_root(root: str, mountinfo: t.Optional[str] = None) -> PathView:
+    """The paths that tell which resources are under ``root`` (:func:`.scan.scan_resources`), two levels deep."""
+    tree = read_paths(dirs=[root], others=[os.path.join(root, SHM_DIR), os.path.join(root, '.ready')], mountinfo=mountinfo)
+    parents = [root]
+    for _level in range(2):
+        level = Wants()
+        for parent in parents:
+            try:
+                names = tree.listdir(parent)
+            except OSError:
+                continue
+            for name in names:
+                child = os.path.join(parent, name)
+                level.add(dirs=[child], others=[] if name in OWN_ENTRIES or name.startswith('.') else [
+                    os.path.join(child, mark) for mark in RESOURCE_MARKS])
+        tree = tree.merged(read_paths(level.files, level.dirs, level.others, mountinfo=mountinfo))
+        parents = sorted(path for path in level.dirs if tree.isdir(path) and not tree.islink(path))
+    return tree
+
+
+def _unread(tree: PathView, wants: Wants) -> Wants:
+    """What of ``wants`` the tree has not read yet (a file's text, a directory's entries, a path at all)."""
+    def done(path: str, need: str) -> bool:
+        if path not in tree:
+            return False
+        entry = tree.entry(path)
+        if need == 'text':
+            return entry.text is not None or (entry.target or entry.kind) != FILE
+        if need == 'entries':
+            return entry.entries is not None or (entry.target or entry.kind) != DIRECTORY
+        return True
+    return Wants().add([path for path in wants.files if not done(path, 'text')],
+                       [path for path in wants.dirs if not done(path, 'entries')],
+                       [path for path in wants.others if not done(path, '')])
+
+
+def read_host(root: str, gpus: t.Sequence[Gpu], resources: t.Iterable[t.Tuple[ResourcePaths, t.Optional[ConfigPaths]]],
+              wants: t.Optional[Wants] = None, with_logs: bool = False, config_dir: t.Optional[str] = None) -> HostView:
+    """The host, once: every resource under ``root`` and those of ``resources`` (paths, config), their daemons' states and
+    records, the /proc scan, and ``wants``. With ``config_dir``, every resource with files there too, and every resource's
+    persisted files (a host's run, which removes what is no longer listed). Not sealed: the probes may add to it."""
+    wants = wants or Wants()
+    named = {paths.name: (paths, config) for paths, config in resources}
+    view = HostView(list(gpus))
+    view.mountinfo = read_mountinfo() if wants.mounts else None
+    if wants.mounts:
+        shm_dir = os.path.join(root, SHM_DIR)
+        view.realpaths[shm_dir] = os.path.join(os.path.realpath(root), SHM_DIR)
+    tree = read_root(root, view.mountinfo)
+    found = scan_resources(tree, root, with_logs)
+    if config_dir is not None:
+        tree = tree.merged(read_paths(dirs=[config_dir], mountinfo=view.mountinfo))
+        found = sorted(set(found) | set(scan_config(tree, config_dir)))
+    for name in found:
+        if name not in named:
+            named[name] = (resource_paths(root, name, check_length=False),
+                           config_paths(config_dir, name) if config_dir is not None else None)
+    every = Wants().merge(wants)
+    for paths, config in named.values():
+        every.merge(resource_wants(paths, config))
+    rest = _unread(tree, every)
+    view.paths = tree.merged(read_paths(rest.files, rest.dirs, rest.others, mountinfo=view.mountinfo))
+    locks = read_locks() if named else None
+    for name, (paths, _config) in sorted(named.items()):
+        view.resources[name] = _resource_view(view, paths, locks)
+    view.daemons = foreign_daemons(None, gpus, outside=root)
+    return view
+
+
+def _resource_view(view: HostView, paths: ResourcePaths, locks: t.Optional[t.List[str]]) -> ResourceView:
+    state = inspect(paths, locks)
+    try:
+        record, corrupt = parse_record(view.text(paths.started_file, 'the start record of %s (a JSON file)' % paths.name))
+    except MpsError as exc:
+        return ResourceView(paths, state, problem=exc)
+    return ResourceView(paths, state, None, record, corrupt)
+
+
+# --- probes: what only some runs need, read before the view is sealed ---------------------------------------------
+def read_daemon(view: HostView, name: str, query: t.Callable[[t.List[str]], t.Any], ordinals: int, pid: int,
+                partitions: bool = False, servers: bool = True) -> t.Any:
+    """A running daemon of resource ``name`` in one control batch: its defaults for ``ordinals`` devices, its servers with
+    their limits and clients (``servers``: every child asked about; else the server list alone), its SM partitions
+    where ``partitions``."""
+    readout = read_state(query, ordinals, child_pids(pid) if servers else [], partitions)
+    view.readouts[name] = ((ordinals, pid), readout)
+    view.clients[name] = (pid, clients_of(readout))
+    return readout
+
+
+def clients_of(readout: t.Any) -> t.List[t.Dict[str, t.Any]]:
+    """The clients of a daemon's servers as one control batch listed them (_protocol.state.DaemonReadout)."""
+    from .._proc import process_uid  # pylint: disable=import-outside-toplevel
+    return [{'pid': client, 'uid': process_uid(client), 'server': server.pid}
+            for server in readout.servers for client in server.clients]
+
+
+def read_process(view: HostView, pid: int, shm_dir: t.Optional[str], record_known: bool) -> None:
+    """What a running daemon's process shows: its /dev/shm (``shm_dir``: the tmpfs to compare with, where it exists; None:
+    not asked), and - without a start record - its CUDA_VISIBLE_DEVICES and whether it was started with -S."""
+    if shm_dir is not None and pid not in view.dev_shm:
+        view.dev_shm[pid] = daemon_dev_shm(pid, shm_dir) if view.paths.isdir(shm_dir) else None
+    if not record_known:
+        if pid not in view.environ_uuids:
+            view.environ_uuids[pid] = uuids_from_environ(pid)
+        if pid not in view.static_args:
+            view.static_args[pid] = started_static(pid)
+
+
+def read_units(view: HostView, systemctl: t.Any, units: t.Sequence[str]) -> None:
+    """Each unit's (active, enabled) from ONE ``systemctl show``; a unit it could not say is asked on its own."""
+    missing = [unit for unit in dict.fromkeys(units) if unit not in view.units]
+    if not missing or systemctl is None:
+        return
+    found = systemctl.states(missing)
+    for unit in missing:
+        view.units[unit] = found[unit] if unit in found else (systemctl.is_active(unit), systemctl.is_enabled(unit))
+
+
+def read_help(view: HostView, daemon: t.Any, word: str) -> t.Optional[bool]:
+    """Whether ``daemon``'s binary lists ``word`` in its help text (read once per run and binary)."""
+    key = (daemon.binary, word)
+    if key not in view.offered:
+        view.offered[key] = daemon.offers(word)
+    return view.offered[key]
+
+
+def read_labels(view: HostView, paths: t.Iterable[str]) -> None:
+    """SELinux: whether it is enabled, and the type of each path (None for a path that does not exist)."""
+    from .._selinux import context_of, enabled, type_of  # pylint: disable=import-outside-toplevel
+    if view.selinux is None:
+        view.selinux = enabled()
+    if not view.selinux:
+        return
+    for path in paths:
+        if path not in view.labels:
+            view.labels[path] = type_of(context_of(path)) if os.path.lexists(path) else None
+
+
+def read_orphan_servers(view: HostView) -> None:
+    """The MPS servers of each orphaned control daemon of the root (ending it ends them: busy decides)."""
+    for daemon in view.orphans():
+        view.orphan_servers.setdefault(daemon.pid, child_pids(daemon.pid))
