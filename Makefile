@@ -62,6 +62,11 @@ simhost-reset:
 	$(MAKE) simhost
 
 # --- tests --------------------------------------------------------------------------------------
+# Each step that runs simulated GPU hosts runs as on a machine of its own (hacking/own-host.py: a PID namespace and a
+# /dev/shm of its own, where root can have them): it sees no daemon of another suite, another checkout or a running
+# `make demo`, and what it leaves running is named, then ended with it.
+OWN_HOST = $(PYTHON) $(CURDIR)/hacking/own-host.py --check $(CURDIR) --check $(TEST_ROOT) --
+
 .PHONY: test collection engines sanity units integration upgrade lint changelog-lint docs-lint docs docs-commands test-fakes molecule packaging bench-quick ssh ee runner leftovers
 test: changelog-lint test-fakes sanity units integration upgrade lint docs-lint docs docs-commands packaging ee runner bench-quick ssh engines molecule
 	$(MAKE) leftovers
@@ -80,7 +85,7 @@ sanity: collection ansible-test-bootstrap deps
 	cd $(COLL) && $(ANSIBLE_TEST) sanity --python 3.11 --color no --venv --requirements
 
 units: collection ansible-test-bootstrap deps
-	if [ -d tests/unit ]; then cd $(COLL) && $(ANSIBLE_TEST) units --python 3.11 --color no --venv --requirements; \
+	if [ -d tests/unit ]; then cd $(COLL) && $(OWN_HOST) $(ANSIBLE_TEST) units --python 3.11 --color no --venv --requirements; \
 	else echo 'units: no tests/unit yet'; fi
 
 # Targets lay out their own simulated hosts from these (tests/integration/targets/setup_simhost).
@@ -88,13 +93,13 @@ integration: collection ansible-test-bootstrap simhost
 	if ls tests/integration/targets/*/ >/dev/null 2>&1; then \
 	  printf 'fakes_dir: %s\nsimhost_lib: %s\nsimhost_python: %s\ncollections_path: %s\n' $(CURDIR)/tests/fakes $(SIMHOST)/lib $(VPY) $(TEST_ROOT) \
 	    > $(COLL)/tests/integration/integration_config.yml; \
-	  cd $(COLL) && $(ANSIBLE_TEST) integration --python 3.11 --color no --local $(TARGETS); \
+	  cd $(COLL) && $(OWN_HOST) $(ANSIBLE_TEST) integration --python 3.11 --color no --local $(TARGETS); \
 	else echo 'integration: no targets yet'; fi
 
 # Upgrade in place: a host provisioned by the previous main (daemons running, a client connected) is taken over by
 # this tree with changed=0, no daemon restarted and the client still running (hacking/test-upgrade.py).
 upgrade: simhost
-	$(VPY) hacking/test-upgrade.py $(TEST_ROOT)/upgrade $(SIMHOST)/lib $(VPY)
+	$(OWN_HOST) $(VPY) hacking/test-upgrade.py $(TEST_ROOT)/upgrade $(SIMHOST)/lib $(VPY)
 
 lint: venv
 	$(VENV)/bin/ansible-lint
@@ -112,15 +117,15 @@ docs: collection
 
 # The benchmark in its smallest form, so it keeps working (bench/README.md; never judges wall-clock times).
 bench-quick: collection simhost
-	$(VPY) bench/fleetbench.py --hosts 2 --reps 1 --out $(TEST_ROOT)/bench-quick --sim-base $(TEST_ROOT)
+	$(OWN_HOST) $(VPY) bench/fleetbench.py --hosts 2 --reps 1 --out $(TEST_ROOT)/bench-quick --sim-base $(TEST_ROOT)
 
 # The fleet role over SSH to an sshd of the test's own on 127.0.0.1, as fleets are reached (openssh-server: make deps).
 ssh: collection simhost deps
-	TEST_ROOT=$(TEST_ROOT) $(VPY) -m pytest -q -p no:cacheprovider tests/ssh
+	TEST_ROOT=$(TEST_ROOT) $(OWN_HOST) $(VPY) -m pytest -q -p no:cacheprovider tests/ssh
 
 # The galaxy tarball: no dev artefacts in it, and the installed copy runs by FQCN.
 packaging: simhost
-	hacking/test-packaging.sh $(SIMHOST)/lib $(VPY)
+	$(OWN_HOST) hacking/test-packaging.sh $(SIMHOST)/lib $(VPY)
 
 # An execution environment as AWX / Automation Platform uses it: the build context ansible-builder
 # creates for meta/ee-example/ (which includes this collection's tarball) holds what the collection
@@ -131,21 +136,21 @@ ee: collection
 # Jobs through ansible-runner on a private data dir (project, inventory of simulated hosts, env), the
 # rolling recipe of docs/docsite/rst/guide_awx.rst included; tears down and leaves no daemon running.
 runner: collection simhost
-	$(VPY) hacking/test-runner.py --work $(TEST_ROOT)/runner --simhost-lib $(SIMHOST)/lib --python $(VPY)
+	$(OWN_HOST) $(VPY) hacking/test-runner.py --work $(TEST_ROOT)/runner --simhost-lib $(SIMHOST)/lib --python $(VPY)
 
 # Every command the README and the guides show, run as shown (make demo and make demo-clean included), its
 # shown output compared; a block that cannot run here says why (tests/docs/test_documented_commands.py).
 docs-commands: collection simhost
-	TEST_ROOT=$(TEST_ROOT) $(VPY) -m pytest -q -p no:cacheprovider tests/docs
+	TEST_ROOT=$(TEST_ROOT) $(OWN_HOST) $(VPY) -m pytest -q -p no:cacheprovider tests/docs
 
 # Real engines beside the collection (issue 28): a one-node Slurm cluster (munge, slurmctld, slurmd), a podman
 # container and a node_exporter, each with a configuration under TEST_ROOT, against simulated hosts of their own;
 # everything they start is stopped by pid, on failure too (tests/engines/README.md).
 engines: collection simhost deps
-	TEST_ROOT=$(TEST_ROOT) $(VPY) -m pytest -q -p no:cacheprovider tests/engines
+	TEST_ROOT=$(TEST_ROOT) $(OWN_HOST) $(VPY) -m pytest -q -p no:cacheprovider tests/engines
 
 test-fakes: simhost
-	. $(SIMHOST)/env && $(VPY) -m pytest -q -p no:cacheprovider tests/fakes tests/gpu
+	. $(SIMHOST)/env && $(OWN_HOST) $(VPY) -m pytest -q -p no:cacheprovider tests/fakes tests/gpu
 
 # Scenarios find the role and modules through ANSIBLE_COLLECTIONS_PATH (the copied tree). Molecule keeps
 # per-scenario state ("already prepared") across runs; each run starts from a reset.
@@ -155,7 +160,7 @@ molecule: collection simhost
 	  for scenario in $(if $(SCENARIO),$(SCENARIO),$$(ls extensions/molecule/*/molecule.yml | xargs -n1 dirname | xargs -n1 basename)); do \
 	    $(VENV)/bin/molecule reset -s $$scenario >/dev/null; \
 	  done && \
-	  $(VENV)/bin/molecule test $(if $(SCENARIO),-s $(SCENARIO),--all); \
+	  $(OWN_HOST) $(VENV)/bin/molecule test $(if $(SCENARIO),-s $(SCENARIO),--all); \
 	else echo 'molecule: no scenarios yet'; fi
 
 .PHONY: demo demo-clean
