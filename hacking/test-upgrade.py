@@ -138,18 +138,26 @@ def main() -> None:
         # The one change a takeover may make: since issue 28 the local facts name the pinned limits of a resource's own
         # GPUs only (a replica count's record holds every GPU of the host, which the previous facts listed), and since
         # issue 29 each resource's client_priority (null: not managed).
-        own = json.loads(facts)
-        for resource in own['resources']:
+        own_facts = json.loads(facts)
+        for resource in own_facts['resources']:
             resource.setdefault('client_priority', None)
             uuids = {device['uuid'] for device in resource['devices']}
             resource['pinned_device_mem_limit_mib'] = {key: value for key, value in resource['pinned_device_mem_limit_mib'].items()
                                                        if key in uuids or key == '*'}
-        other = [change for change in taken['changes'] if 'gpufleet_mps.fact' not in json.dumps(change)]
-        check(other == [] and taken['ready'], 'this tree takes the host over, ready, changing nothing but the local facts', other)
+        # And since issue 40 a resource's persisted record holds only its own GPUs: the previous tree's record of a replica
+        # count, which held every GPU of the host, is written anew - a file, nothing sent to a daemon, nothing restarted.
+        record = os.path.join(base, 'etc', 'train.limits.json')
+        narrowed = ['write %s' % record]
+        other = [change for change in taken['changes'] if 'gpufleet_mps.fact' not in json.dumps(change) and change['action'] not in narrowed]
+        check(other == [] and taken['ready'], 'this tree takes the host over, ready, changing nothing but the local facts and '
+              'the record of a replica count', other)
+        with open(record, encoding='utf-8') as handle:
+            own = {device['uuid'] for device in json.loads(facts)['resources'][0]['devices']}
+            check(set(json.load(handle)['pinned_device_mem_limit_mib']) == own, 'the record holds the GPUs of train alone')
         check(host.pids() == before, 'no daemon restarted', (before, host.pids()))
         check(client.poll() is None, 'the connected client still runs')
         with open(os.path.join(base, 'facts.d', 'gpufleet_mps.fact'), encoding='utf-8') as handle:
-            check(json.load(handle) == own, 'the local facts kept, but for the pinned limits of other GPUs and the client priority')
+            check(json.load(handle) == own_facts, 'the local facts kept, but for the pinned limits of other GPUs and the client priority')
         again = host.run(new)
         check(not again['changed'] and again['changes'] == [] and again['ready'], 'a second run changes nothing', again.get('actions'))
         check(not host.run(new, _ansible_check_mode=True)['changed'], 'check mode agrees')

@@ -24,6 +24,7 @@ from ._outcome import Outcome
 from ._resource.lock import RootLock
 from ._resource.layout import SHM_DIR, validate_root
 from ._observe.reader import Wants, read_host, read_labels, read_process, read_units
+from ._observe.scan import orphan_warnings
 from ._selinux import plan_type, set_type as set_selinux_type, validate_type as validate_selinux_type
 from ._supervisor.unit import Systemctl, systemd_is_pid1
 from ._tmpfs import (  # noqa: F401  pylint: disable=unused-import
@@ -194,13 +195,15 @@ class ShmManager:
         """Read the host, decide, then (unless in check mode) execute exactly that."""
         if self.check_mode:
             self.view = self.observe()
-            return self.plan(state, size)
-        # No daemon of the root is started, stopped or given limits while its tmpfs changes (their runs
-        # hold the root's lock shared); the host is read under the lock.
-        with RootLock(self.root, exclusive=True):
-            self.view = self.observe()
             out = self.plan(state, size)
-            execute(out)
+        else:
+            # No daemon of the root is started, stopped or given limits while its tmpfs changes (their runs
+            # hold the root's lock shared); the host is read under the lock.
+            with RootLock(self.root, exclusive=True):
+                self.view = self.observe()
+                out = self.plan(state, size)
+                execute(out)
+        out.warnings += orphan_warnings(self.view.orphans(), [])  # said, never acted on (gpufleet.mps.mps_host does)
         return out
 
     def plan(self, state: str, size: object) -> ShmOutcome:
@@ -250,8 +253,11 @@ class ShmManager:
 
     def _mount(self, current: ShmState, kib: int, out: ShmOutcome) -> None:
         if not current.mounted:
-            out.act('mount a tmpfs of %d KiB on %s' % (kib, self.path), lambda: (
+            change = out.act('mount a tmpfs of %d KiB on %s' % (kib, self.path), lambda: (
                 ensure_dir(self.root, 0o755), ensure_dir(self.path, 0o755), self.mounter.mount(self.path, kib)))
+            # a later change of the run that fails takes the mount back (and the mount point, where this run made it)
+            made = not self.view.paths.lexists(self.path)
+            change.undo = lambda: (self.mounter.umount(self.path), made and rmdir_if_empty(self.path))
             return
         if current.size_kib != kib or sorted(current.flags) != sorted(FLAGS):
             out.act('remount %s with %s (was %d KiB, %s)' % (self.path, mount_options(kib), current.size_kib or 0, ','.join(current.flags)),

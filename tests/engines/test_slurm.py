@@ -121,8 +121,13 @@ def host() -> Iterator[Dict[str, str]]:
     }}}}}}
     with open(os.path.join(work, 'inventory.yml'), 'w', encoding='utf-8') as handle:
         yaml.safe_dump(inventory, handle)
+    # The client stand-in runs as the job's user, nobody included: a copy where every user can read it, wherever the
+    # checkout is (under a 0700 home directory the checkout's own copy cannot be opened by another user).
+    client = os.path.join(work, 'mps_client.py')
+    shutil.copyfile(CLIENT, client)
+    os.chmod(client, 0o644)
     with open(info['job'], 'w', encoding='utf-8') as handle:
-        handle.write(JOB_SH % (PYTHON, CLIENT))
+        handle.write(JOB_SH % (PYTHON, client))
     os.chmod(info['job'], 0o755)
     left = ''
     try:

@@ -102,6 +102,9 @@ class DaemonActions:
             out.warnings.append('the persisted limits of %s had no pinned memory limit for %s: %s from replicas=%d' % (
                 self.paths.name, ', '.join(gpu.label for gpu in added), ', '.join(
                     '%dM' % limits.pinned_device_mem_limit[gpu.uuid] for gpu in added), limits.replicas))
+        # the record holds only its own GPUs: shares persisted before they were known go with the start that knows them
+        dropped = limits.own_shares(wanted.devices, all_devices(view.gpus))
+        if added or dropped:
             change = out.act('write %s' % self.config.limits_json, lambda: (
                 ensure_dir(self.config.config_dir, 0o755), persist(self.config, limits, check_mode=False)))
             change.undo = restorer(self.config.limits_json, (view.text(self.config.limits_json), view.mode(self.config.limits_json)))

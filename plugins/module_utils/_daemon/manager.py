@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from .._options import BUSY_CHOICES, COMPUTE_MODE_CHOICES, DEFAULT_BUSY_TIMEOUT
 from .._errors import InvalidParameterError, MpsError
 from .._execute import execute
-from .._gpus import Gpu, Nvml
+from .._gpus import Gpu, Nvml, all_devices
 from .._outcome import Outcome
 from .._io import refuse_unsafe_dirs
-from .._observe.scan import ForeignDaemon
+from .._observe.scan import ForeignDaemon, orphan_warnings
 from .._container import with_engine
 from .._resource.layout import ConfigPaths, ResourcePaths, config_paths, container_view, managed_dirs, resource_paths, validate_log_mode
 from .._resource.lock import RESOURCE_LOCK, resource_lock
@@ -153,7 +153,9 @@ class ResourceManager(DaemonObserve, DeviceChoice, DaemonActions, SystemdUnit, B
         args = (state, selectors, multiuser, compute_mode, enabled, shm, remove_logs, foreground)
         if self.check_mode:
             self.host.view = self.observe(state, shm, remove_logs)
-            return self.plan(*args)  # the plan, and nothing else
+            out = self.plan(*args)  # the plan, and nothing else
+            out.warnings += orphan_warnings(self.view.orphans(), all_devices(self.view.gpus))
+            return out
         if state == 'absent' and not os.path.isdir(self.paths.resource_dir):
             # Nothing under the root to serialise, and absent must not create the directories it removes.
             self.host.view = self.observe(state, shm, remove_logs)
@@ -171,6 +173,7 @@ class ResourceManager(DaemonObserve, DeviceChoice, DaemonActions, SystemdUnit, B
             except MpsError:
                 lock.discard()  # a refused run leaves nothing behind, not even the lock it made
                 raise
+            out.warnings += orphan_warnings(self.view.orphans(), all_devices(self.view.gpus))
             execute(out)
             return out
 

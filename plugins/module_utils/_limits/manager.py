@@ -19,6 +19,7 @@ from .._outcome import Outcome
 from .._protocol.commands import PRIORITY_NAMES, SET_DEFAULT_PRIORITY, SM_PARTITION, check_applied
 from .._execute import execute
 from .._observe.reader import read_daemon, read_help, read_host, read_process
+from .._observe.scan import orphan_warnings
 from .._resource.lock import resource_lock
 from .._supervisor.liveness import DaemonState
 from .._supervisor.process import Daemon
@@ -279,7 +280,7 @@ class LimitsManager(PriorityCheck, PartitionPlan):
         self._check(percentage, mem, replicas, running_servers)
         if self.check_mode:
             self.observe_own()
-            return self._plan(percentage, mem, replicas, running_servers, persist_limits, create)
+            return self._reported(self._plan(percentage, mem, replicas, running_servers, persist_limits, create))
         with resource_lock(self.paths) as lock:
             self.observe_own()
             try:
@@ -287,9 +288,14 @@ class LimitsManager(PriorityCheck, PartitionPlan):
             except MpsError:
                 lock.discard()
                 raise
-            execute(out)
+            execute(self._reported(out))
             out.ui_processes = self.daemon.client.processes if self.daemon else 0
             return out
+
+    def _reported(self, out: LimitsOutcome) -> LimitsOutcome:
+        """The root's orphans said, never acted on (gpufleet.mps.mps_host does)."""
+        out.warnings += orphan_warnings(self.view.orphans(), all_devices(self.gpus))
+        return out
 
     def observe_own(self) -> None:
         """The resource read once for mps_limits' own run (mps_host reads a whole host, :meth:`probe` each resource)."""

@@ -272,6 +272,21 @@ class Limits:
             self.pinned_device_mem_limit[gpu.uuid] = gpu.memory_total_mib // self.replicas
         return added
 
+    def own_shares(self, devices: t.Sequence[t.Any], known: t.Sequence[t.Any]) -> t.List[str]:
+        """Keep the shares of ``replicas`` of ``devices`` only (a replica count persisted before its daemon's GPUs were known
+        holds every GPU of the host); the UUIDs dropped. Sizes given explicitly are never touched."""
+        if not self.replicas or not self.pinned_device_mem_limit:
+            return []
+        by_uuid = {gpu.uuid: gpu for gpu in known}
+        if any(uuid not in by_uuid or mib != by_uuid[uuid].memory_total_mib // self.replicas
+               for uuid, mib in self.pinned_device_mem_limit.items()):
+            return []
+        own = {gpu.uuid for gpu in devices}
+        dropped = sorted(uuid for uuid in self.pinned_device_mem_limit if uuid not in own)
+        for uuid in dropped:
+            del self.pinned_device_mem_limit[uuid]
+        return dropped
+
     def mem_for(self, uuid: str) -> t.Optional[int]:
         return self.pinned_device_mem_limit.get(uuid, self.pinned_device_mem_limit.get(EVERY_GPU))
 

@@ -122,6 +122,14 @@ class ForeignDaemon:
         return 'pid %d (pipe directory %s, uid %s)' % (self.pid, self.pipe_dir or 'unknown: its environment cannot be read', self.uid)
 
 
+def orphan_warnings(orphans: t.Sequence[ForeignDaemon], gpus: t.Sequence[Gpu]) -> t.List[str]:
+    """What a run on one resource says of the root's orphans (it never acts on them: gpufleet.mps.mps_host does)."""
+    labels = {gpu.uuid: gpu.label for gpu in gpus}
+    return ['an orphaned MPS control daemon of this root still serves %s: %s; gpufleet.mps.mps_host with orphans=stop ends it '
+            'and gives its GPUs back their compute mode' % (', '.join(labels.get(uuid, uuid) for uuid in daemon.uuids) or 'GPUs',
+                                                           daemon.describe()) for daemon in orphans]
+
+
 def _orphaned(pipe: str, pid: int) -> bool:
     """A daemon whose pipe directory is gone, or names another daemon: nothing under the root leads to it any more."""
     return read_pid_file(pipe) != pid

@@ -394,3 +394,65 @@ def test_a_failed_percentage_query_replies_with_the_daemons_text_only_not_the_fe
     cmds = ['set_default_active_thread_percentage 250', 'get_server_status 8']
     replies = _control.split_replies(cmds, failure + PS + ['100.0', 'ACTIVE'])
     assert replies[0].lines == tuple(failure)
+
+
+# --- the facts are a rendering of the view ------------------------------------------------------
+def test_the_facts_are_rendered_from_a_hand_built_view_alone(monkeypatch):
+    """No host at all: a view written by hand (a root with one running resource and its record, a persisted limit, one
+    server with a client, an orphan of the root), rendered into mps_info's facts - while open, stat and listdir raise."""
+    # pylint: disable=import-outside-toplevel
+    from ansible_collections.gpufleet.mps.plugins.module_utils._info_facts import render
+    from ansible_collections.gpufleet.mps.plugins.module_utils._observe.paths import DIRECTORY, FILE, MISSING, Entry, PathView
+    from ansible_collections.gpufleet.mps.plugins.module_utils._observe.scan import ForeignDaemon
+    from ansible_collections.gpufleet.mps.plugins.module_utils._observe.view import HostView, ResourceView
+    from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.liveness import DaemonState
+    root, etc = '/nowhere/root', '/nowhere/etc'
+    paths = resource_paths(root, 'train')
+    record = json.dumps({'devices': [UUID0], 'multiuser': False, 'supervisor': 'none', 'pid': 4100, 'started_at': 'then',
+                         'compute_mode': 'exclusive_process', 'driver_version': '580.95.05'})
+    entries = {
+        root: Entry(DIRECTORY, 0o755, 0, entries=('train',)), root + '/train': Entry(DIRECTORY, 0o755, 0, entries=('.started', 'log', 'pipe')),
+        root + '/train/pipe': Entry(DIRECTORY, 0o755, 0, entries=('control', 'nvidia-cuda-mps-control.pid')),
+        root + '/train/.started': Entry(FILE, 0o644, 0, text=record), root + '/train/log': Entry(DIRECTORY, 0o700, 0, entries=()),
+        root + '/shm': Entry(MISSING), root + '/.ready': Entry(FILE, 0o644, 0, text=''),
+        etc: Entry(DIRECTORY, 0o755, 0, entries=('train.limits.json',)),
+        etc + '/train.limits.json': Entry(FILE, 0o644, 0, text=Limits(active_thread_percentage=50.0).to_json()),
+        etc + '/train.env': Entry(MISSING), etc + '/train.limits': Entry(MISSING), etc + '/train.limits-env': Entry(MISSING),
+    }
+    for path in ('/', '/nowhere', root + '/train/pipe/log'):
+        entries.setdefault(path, Entry(DIRECTORY if path != root + '/train/pipe/log' else MISSING, 0o755, 0))
+    for mark in ('pipe', '.started', 'log'):
+        entries.setdefault(root + '/train/' + mark, Entry(MISSING))
+    view = HostView([_gpus.Gpu(0, UUID0, 'NVIDIA H100', 81559, (9, 0), 'exclusive_process', False, False, True, '580.95.05')],
+                    PathView(entries, mounts_read=True))
+    view.mountinfo, view.realpaths[root + '/shm'] = '', root + '/shm'
+    view.resources['train'] = ResourceView(paths, DaemonState(True, 4100, 4100), None, _info_facts_record(record))
+    view.readouts['train'] = ((1, 4100), _state.DaemonReadout(25.0, ['3G'], [_state.ServerState(4200, 'ACTIVE', [4300], 25.0, ['3G'])], 0))
+    view.uids[4200], view.dev_shm[4100] = 1000, '/dev/shm'
+    view.daemons = ([ForeignDaemon(4400, root + '/gone/pipe', 0, [UUID0], orphan=True)], [])
+    view.seal()
+    monkeypatch.setattr(os, 'stat', _refuse)
+    monkeypatch.setattr(os, 'listdir', _refuse)
+    monkeypatch.setattr('builtins.open', _refuse)
+    request = _info.InfoRequest(root, etc, None, frozenset(_info.GATHER_CHOICES), '/bin/nvidia-cuda-mps-control', 10)
+    facts, warnings = render(request, view, {'available': True}, False)
+    (daemon,) = facts['daemons']
+    assert (daemon['name'], daemon['pid'], daemon['healthy'], daemon['started_at']) == ('train', 4100, True, 'then')
+    assert daemon['limits']['reported']['active_thread_percentage'] == 25.0
+    assert daemon['limits']['persisted']['active_thread_percentage'] == 50.0
+    assert daemon['limits']['differences'] == ['active thread percentage 50.0 persisted, 25.0 reported']
+    assert daemon['servers'] == [{'pid': 4200, 'status': 'ACTIVE', 'uid': 1000, 'clients': [4300],
+                                  'limits': {'active_thread_percentage': 25.0, 'pinned_device_mem_limit': {UUID0: '3G'}}}]
+    assert [other['pid'] for other in facts['other_daemons'] if other['orphan']] == [4400]
+    assert facts['resources'] == ['train'] and facts['shm']['mounted'] is False
+    assert any('differ from the persisted ones' in warning for warning in warnings)
+    assert any('pid 4400, an orphaned daemon of this root' in warning for warning in warnings)
+
+
+def _refuse(*args, **kwargs):
+    raise AssertionError('the facts read %r: they must be rendered from the view alone' % (args[:1],))
+
+
+def _info_facts_record(text):
+    from ansible_collections.gpufleet.mps.plugins.module_utils._resource.record import StartRecord  # pylint: disable=import-outside-toplevel
+    return StartRecord.from_data(json.loads(text))

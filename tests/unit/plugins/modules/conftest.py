@@ -81,7 +81,7 @@ class Host:
 
     def module(self, module, check=False, diff=False, **args):
         """A run of ``module`` (mps_daemon, mps_limits, mps_shm, mps_info) with the host's root, config_dir and binary."""
-        common = {key: self.args[key] for key in ('root', 'config_dir', 'control_binary')}
+        common = {key: self.args[key] for key in (('root',) if module == 'mps_shm' else ('root', 'config_dir', 'control_binary'))}
         if module == 'mps_daemon':
             common.update(supervisor='none', start_timeout=10, stop_timeout=5)
         return self.result(self.start_module(module, dict(common, **args), check, diff))

@@ -110,6 +110,17 @@ def test_the_persisted_record_of_a_resource_holds_only_its_own_gpus(host):
     assert sorted(planned['resources'][0]['limits']['persisted']['pinned_device_mem_limit_mib']) == sorted(own)
 
 
+def test_a_replica_count_persisted_before_the_first_start_keeps_only_the_daemons_gpus_once_it_starts(host):
+    """mps_limits before the first start cannot know the resource's GPUs (the role's order): it persists a share for every
+    GPU; the start that knows them keeps those of its daemon."""
+    assert not host.module('mps_limits', name='train', replicas=2, create=True).get('failed')
+    record = os.path.join(host.etc, 'train.limits.json')
+    assert len(json.loads(_read(record))['pinned_device_mem_limit_mib']) == 4
+    started = host.module('mps_daemon', name='train', devices=[1, 2])
+    assert not started.get('failed'), started
+    assert sorted(json.loads(_read(record))['pinned_device_mem_limit_mib']) == sorted(device['uuid'] for device in started['devices'])
+
+
 # --- 4. nested names go in one run -----------------------------------------------------------------------------------
 @pytest.mark.parametrize('removal', [{'state': 'absent'}, {}])
 def test_nested_resources_are_removed_in_one_run(host, warnings, removal):
@@ -188,3 +199,76 @@ def test_check_mode_says_a_restart_would_end_clients(host, warnings):
     result = host.run([{'name': 'train', 'devices': [1]}], check=True, busy='terminate')
     said = [warning for warning in warnings(result) if 'client' in warning]
     assert said and all('would end' in warning for warning in said), said
+
+
+# --- one executor: a failed change puts back what the run did -------------------------------------------------------
+def _read_only_over(path):
+    """``path`` made unwritable for the run (a read-only bind mount of a copy over it: renaming onto it fails, EBUSY),
+    undone by the returned function. Root only, in the tests' own mount namespace (hacking/own-host.py)."""
+    import subprocess  # pylint: disable=import-outside-toplevel
+    shadow = path + '.shadow'
+    shutil.copyfile(path, shadow)
+    subprocess.run(['mount', '--bind', '-o', 'ro', shadow, path], check=True)
+    return lambda: (subprocess.run(['umount', path], check=True), os.remove(shadow))
+
+
+def _needs_mounts():
+    if os.geteuid() != 0:
+        pytest.skip('needs root to mount')
+
+
+def test_a_failed_daemon_start_gives_back_the_compute_mode_and_the_files_it_wrote(host):
+    assert not host.module('mps_limits', name='train', replicas=2, create=True).get('failed')
+    before = {name: _read(os.path.join(host.etc, name)) for name in sorted(os.listdir(host.etc))}
+    (host.base / 'host' / 'mps.env').write_text('export FAKE_MPS_PIPE_DIR_MAX=10\n')  # the simulated daemon will not start
+    failed = host.module('mps_daemon', name='train', devices=[0, 1])
+    assert failed.get('failed') and 'undone: ' in failed['msg'] and 'set compute mode' in failed['msg'], failed['msg']
+    assert [change['action'] for change in failed['undone']], failed
+    assert host.compute_modes() == [DEFAULT] * 4
+    assert {name: _read(os.path.join(host.etc, name)) for name in sorted(os.listdir(host.etc))} == before
+    assert not os.path.exists(os.path.join(host.root, 'train', '.started')) and host.daemons() == {}
+
+
+def test_a_failed_limits_write_puts_the_record_back(host):
+    _needs_mounts()
+    host.module('mps_daemon', name='train', devices=[0])
+    assert not host.module('mps_limits', name='train', active_thread_percentage=50).get('failed')
+    record = os.path.join(host.etc, 'train.limits.json')
+    before = _read(record)
+    release = _read_only_over(os.path.join(host.etc, 'train.limits'))
+    try:
+        failed = host.module('mps_limits', name='train', active_thread_percentage=25)
+    finally:
+        release()
+    assert failed.get('failed') and 'undone: ' in failed['msg'], failed
+    assert _read(record) == before, 'the record of 50% is back: the commands file still replays 50%'
+
+
+def test_a_failed_shm_persistence_takes_the_mount_back(host):
+    _needs_mounts()
+    fstab = str(host.base / 'fstab')
+    with open(fstab, 'w', encoding='utf-8') as handle:
+        handle.write('# the test host\'s fstab\n')
+    release = _read_only_over(fstab)
+    try:
+        failed = host.module('mps_shm', size='64m', persist='fstab', fstab=fstab)
+    finally:
+        release()
+    assert failed.get('failed') and 'undone: ' in failed['msg'], failed
+    shm = os.path.join(host.root, 'shm')
+    with open('/proc/self/mountinfo', encoding='utf-8') as handle:
+        assert ' %s ' % shm not in handle.read()
+    assert not os.path.exists(shm)
+
+
+def test_the_per_resource_modules_name_an_orphan_of_another_resource_and_leave_it_alone(host, warnings):
+    host.module('mps_daemon', name='a', devices=[0])
+    host.module('mps_daemon', name='b', devices=[1])
+    orphan = next(pid for pid, name in host.daemons().items() if name == 'b')
+    shutil.rmtree(os.path.join(host.root, 'b'))
+    for module, args in (('mps_daemon', {'name': 'a', 'devices': [0]}), ('mps_limits', {'name': 'a', 'replicas': 2}),
+                         ('mps_shm', {'state': 'absent'})):
+        result = host.module(module, **args)
+        assert not result.get('failed'), result
+        assert any('pid %d' % orphan in warning and 'orphans=stop' in warning for warning in warnings(result)), (module, warnings(result))
+    assert orphan in host.daemons()
