@@ -235,9 +235,12 @@ options:
       - An orphaned daemon is an MPS control daemon of O(root) that its pipe directory no longer leads to - the directory
         deleted under the running daemon (a C(/run) cleaner, a hand-made C(rm -rf)), or a second daemon started there.
         C(quit) cannot reach it and it still serves its GPUs; a second daemon on them would break both.
-      - V(refuse) fails a run that would start a daemon on its GPUs, naming its pid. V(stop) ends every orphan of the
-        root first (SIGTERM, SIGKILL after O(stop_timeout)) - one with MPS servers only with O(busy=terminate), since
-        their clients cannot be listed - then provisions as asked.
+      - V(refuse) fails the run while the root has an orphan - whether or not a listed resource needs its GPUs, check mode
+        too - naming every orphan with its pid and pipe directory; nothing is changed, but the ready mark is withdrawn
+        when a listed resource no longer answers. V(stop) stops every orphan of the root first, as any resource is
+        stopped - SIGTERM, SIGKILL after O(stop_timeout) (one with MPS servers only with O(busy=terminate), since their
+        clients cannot be listed), then compute mode DEFAULT for its GPUs that no other daemon serves and no listed
+        resource keeps - then provisions as asked.
     type: str
     choices: [refuse, stop]
     default: refuse

@@ -196,9 +196,10 @@ def main(argv: list) -> int:
         sys.stdout.write('%s\n' % (state['active'].get(units[0]) or 0))
         return 0
     if verb == 'show':
-        blocks = ['ActiveState=%s\nUnitFileState=%s\n' % ('active' if _active(state, unit) else 'inactive',
-                                                            'enabled' if unit in state['enabled'] else 'disabled')
-                  for unit in units]
+        blocks = []
+        for unit in units:
+            active = 'active' if _active(state, unit) else 'inactive'
+            blocks.append('ActiveState=%s\nUnitFileState=%s\n' % (active, 'enabled' if unit in state['enabled'] else 'disabled'))
         sys.stdout.write('\n'.join(blocks))
         return 0
     if verb == 'is-active':

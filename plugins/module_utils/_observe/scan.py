@@ -125,9 +125,12 @@ class ForeignDaemon:
 def orphan_warnings(orphans: t.Sequence[ForeignDaemon], gpus: t.Sequence[Gpu]) -> t.List[str]:
     """What a run on one resource says of the root's orphans (it never acts on them: gpufleet.mps.mps_host does)."""
     labels = {gpu.uuid: gpu.label for gpu in gpus}
-    return ['an orphaned MPS control daemon of this root still serves %s: %s; gpufleet.mps.mps_host with orphans=stop ends it '
-            'and gives its GPUs back their compute mode' % (', '.join(labels.get(uuid, uuid) for uuid in daemon.uuids) or 'GPUs',
-                                                           daemon.describe()) for daemon in orphans]
+    said = []
+    for daemon in orphans:
+        served = ', '.join(labels.get(uuid, uuid) for uuid in daemon.uuids) or 'GPUs'
+        said.append('an orphaned MPS control daemon of this root still serves %s: %s; gpufleet.mps.mps_host with orphans=stop '
+                    'ends it and gives its GPUs back their compute mode' % (served, daemon.describe()))
+    return said
 
 
 def _orphaned(pipe: str, pid: int) -> bool:
