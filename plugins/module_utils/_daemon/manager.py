@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 from .._options import BUSY_CHOICES, COMPUTE_MODE_CHOICES, DEFAULT_BUSY_TIMEOUT
 from .._errors import InvalidParameterError, MpsError
-from .._execute import execute
 from .._gpus import Gpu, Nvml, all_devices
 from .._outcome import Outcome
 from .._io import refuse_unsafe_dirs
@@ -151,6 +150,8 @@ class ResourceManager(DaemonObserve, DeviceChoice, DaemonActions, SystemdUnit, B
         lock, decide, and (unless in check mode) execute exactly what was decided."""
         self.validate(state, compute_mode, foreground)
         args = (state, selectors, multiuser, compute_mode, enabled, shm, remove_logs, foreground)
+        # Imported here: mps_host, which imports this module on every run, executes through its own caller.
+        from .._execute import execute  # pylint: disable=import-outside-toplevel
         if self.check_mode:
             self.host.view = self.observe(state, shm, remove_logs)
             out = self.plan(*args)  # the plan, and nothing else

@@ -18,11 +18,9 @@ from .._observe.reader import Wants
 from .._observe.view import HostView
 from .._outcome import Outcome
 from .._resource.layout import resource_paths
-from .._supervisor.health import HEALTH_NAME, render_health
-from .._supervisor.metrics import METRICS_FILE
+from .._supervisor.health import HEALTH_NAME, METRICS_FILE, render_health
 from .._supervisor.logrotate import render_logrotate
-from .._supervisor.slurm import MANAGED as SLURM_MANAGED, render_gres_conf, render_task_prolog
-from .._supervisor.unit import Systemctl
+from .._supervisor.unit import MANAGED_HEADER as SLURM_MANAGED, Systemctl
 from .facts import FACT_FILE
 
 READY_FILE = '.ready'
@@ -45,6 +43,11 @@ def plan_remove(out: Outcome, path: str, why: str, view: HostView, what: str = '
     view.paths.require_absent_or(path, 'file', what)
     out.act('remove %s' % path, lambda: remove(path), why)
     return True
+
+
+def _slurm_managed(text: str) -> bool:
+    """A Slurm file this collection wrote: its header says so (_supervisor/slurm.py MANAGED, in its first lines)."""
+    return any(SLURM_MANAGED in line for line in text.split('\n')[:3])
 
 
 def _metrics_dir(script: t.Optional[str]) -> t.Optional[str]:
@@ -114,35 +117,33 @@ class Around:
         """Slurm's TaskProlog and gres.conf from the listed resources (``plans``: None when the hook is not wanted).
 
         Without the hook (or at teardown) a file at those paths is removed only when this collection wrote it (its
-        header says so): an administrator's own gres.conf is never touched.
+        header says so): an administrator's own gres.conf - or whatever else is there - is never touched.
         """
         p = self.params
-        prolog, gres = p.get('slurm_task_prolog'), p.get('slurm_gres_conf')
-
-        def current(path: str) -> t.Optional[str]:
-            return self.view.text(path, 'the Slurm file %s wants' % ('slurm_task_prolog' if path == prolog else 'slurm_gres_conf'))
-
-        def ours(text: str) -> bool:
-            return any(SLURM_MANAGED in line for line in text.split('\n')[:3])
-        resources = self._slurm_resources(plans) if plans is not None else None
-        if resources is not None:
-            for param, path in (('slurm_task_prolog', prolog), ('slurm_gres_conf', gres)):
-                text = current(path) if path else None
-                if text is not None and not ours(text):
-                    raise InvalidParameterError(param, '%s exists and was not written by this collection: it is never '
-                                                'overwritten; move it away, or set %s to another path (or to "" for none)'
-                                                % (path, param))
-            if prolog:
-                plan_write(out, prolog, render_task_prolog(self.root, resources, bool(p.get('slurm_memory_share'))), 0o755,
-                           'Slurm MPS jobs are pointed at the daemon of their GPU', self.view, 'a Slurm TaskProlog (slurm_task_prolog)')
-            if gres:
-                plan_write(out, gres, render_gres_conf(resources, p.get('slurm_device_dir') or '/dev'), 0o644,
-                           'Slurm offers the GPUs the daemons serve as mps shares', self.view, 'a Slurm gres.conf (slurm_gres_conf)')
+        paths = [(param, p.get(param)) for param in ('slurm_task_prolog', 'slurm_gres_conf') if p.get(param)]
+        if plans is None:
+            for param, path in paths:
+                if self.view.paths.isdir(path) or not self.view.paths.exists(path):
+                    continue
+                if _slurm_managed(self.view.text(path, 'the Slurm file %s names' % param)):
+                    plan_remove(out, path, 'slurm_hook=false' if p['state'] == 'present' else 'state=absent', self.view)
             return
-        for path in (prolog, gres):
-            text = current(path) if path else None
-            if path and text is not None and ours(text):
-                plan_remove(out, path, 'slurm_hook=false' if p['state'] == 'present' else 'state=absent', self.view)
+        # Imported here: only hosts with the Slurm hook compile it (AnsiballZ compiles every module imported, on every run).
+        from .._supervisor.slurm import render_gres_conf, render_task_prolog  # pylint: disable=import-outside-toplevel
+        resources = self._slurm_resources(plans)
+        for param, path in paths:
+            text = self.view.text(path, 'the Slurm file %s names' % param)
+            if text is not None and not _slurm_managed(text):
+                raise InvalidParameterError(param, '%s exists and was not written by this collection: it is never '
+                                            'overwritten; move it away, or set %s to another path (or to "" for none)'
+                                            % (path, param))
+        prolog, gres = p.get('slurm_task_prolog'), p.get('slurm_gres_conf')
+        if prolog:
+            plan_write(out, prolog, render_task_prolog(self.root, resources, bool(p.get('slurm_memory_share'))), 0o755,
+                       'Slurm MPS jobs are pointed at the daemon of their GPU', self.view, 'a Slurm TaskProlog (slurm_task_prolog)')
+        if gres:
+            plan_write(out, gres, render_gres_conf(resources, p.get('slurm_device_dir') or '/dev'), 0o644,
+                       'Slurm offers the GPUs the daemons serve as mps shares', self.view, 'a Slurm gres.conf (slurm_gres_conf)')
 
     def ready_exists(self) -> bool:
         """Observed: whether the ready mark is there (a directory there is refused: the mark is an empty file)."""

@@ -45,7 +45,6 @@ from .around import READY_FILE, Around
 from .decide import decide_ready, order_steps
 from .facts import facts_text, local_facts
 from .observe import observe
-from .orphans import end_orphans, refuse_orphans
 from .plan import ResourcePlan, plan_resources
 from .result import planned_resource, resource_result
 
@@ -230,8 +229,11 @@ class HostManager:
         refuse_unsafe_dirs([(self.root, 'root'), (self.config_dir, 'config_dir')], view.paths)
         absent = p['state'] == 'absent'
         orphans = view.orphans()
-        if orphans and p['orphans'] != 'stop':
-            refuse_orphans(orphans, self.root)
+        if orphans:
+            # Imported here: a host without orphans never compiles it (AnsiballZ compiles what is imported).
+            from .orphans import end_orphans, refuse_orphans  # pylint: disable=import-outside-toplevel
+            if p['orphans'] != 'stop':
+                refuse_orphans(orphans, self.root)
         ignore = frozenset(res.name for res in listed + removed)
         would_remove: t.List[str] = []
         ending = frozenset(daemon.pid for daemon in orphans)
@@ -248,7 +250,8 @@ class HostManager:
             res.restart = res.daemon.restarting
         kept = frozenset(gpu.uuid for res in listed for gpu in res.plan.devices) if p['compute_mode'] != 'unchanged' else frozenset()
         body = HostOutcome()
-        end_orphans(body, orphans, view, p, kept, ignore, self.nvml)
+        if orphans:
+            end_orphans(body, orphans, view, p, kept, ignore, self.nvml)
         if not absent:
             self._shm(body)
         keep_template = any(res.setup.supervisor == 'systemd' for res in listed)

@@ -17,7 +17,6 @@ from .._options import RUNNING_SERVERS_CHOICES
 from .._errors import DeviceSelectionError, InvalidParameterError, MpsError
 from .._outcome import Outcome
 from .._protocol.commands import PRIORITY_NAMES, SET_DEFAULT_PRIORITY, SM_PARTITION, check_applied
-from .._execute import execute
 from .._observe.reader import read_daemon, read_help, read_host, read_process
 from .._observe.scan import orphan_warnings
 from .._resource.lock import resource_lock
@@ -278,6 +277,8 @@ class LimitsManager(PriorityCheck, PartitionPlan):
         or not one runs, so a concurrent mps_daemon start never replays a half-written record), decide, and (unless in
         check mode) execute exactly that; a refused run leaves nothing behind, not even the lock it made."""
         self._check(percentage, mem, replicas, running_servers)
+        # Imported here: mps_host, which imports this module on every run, executes through its own caller.
+        from .._execute import execute  # pylint: disable=import-outside-toplevel
         if self.check_mode:
             self.observe_own()
             return self._reported(self._plan(percentage, mem, replicas, running_servers, persist_limits, create))

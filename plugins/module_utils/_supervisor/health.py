@@ -24,9 +24,10 @@ import os
 import typing as t
 
 from .._errors import MpsError
-from .metrics import render_metrics_script
 
 HEALTH_NAME = 'gpufleet-mps-health'
+# What the script writes in metrics_dir, for node_exporter's textfile collector (_supervisor/metrics.py renders it).
+METRICS_FILE = 'gpufleet_mps.prom'
 SCRIPT_PATH = '/usr/local/sbin/gpufleet-mps-health'
 
 # Placeholders @ROOT@, @CONFIG_DIR@, @WANTS_DIR@, @TIMEOUT@ (the shell needs its braces).
@@ -112,6 +113,8 @@ def render_health(root: str, config_dir: str, unit_dir: str = '/etc/systemd/syst
         content = (SCRIPT_TEMPLATE.replace('@ROOT@', root).replace('@CONFIG_DIR@', config_dir)
                    .replace('@WANTS_DIR@', wants).replace('@TIMEOUT@', str(int(timeout))))
     else:
+        # Imported here: only hosts with metrics compile it (AnsiballZ compiles every module imported, on every run).
+        from .metrics import render_metrics_script  # pylint: disable=import-outside-toplevel
         content = render_metrics_script(root, config_dir, wants, timeout,
                                         _quoted(os.path.normpath(metrics_dir), 'metrics_dir'))
     return {

@@ -6,7 +6,8 @@ script, and what it saw, written to ``<metrics_dir>/gpufleet_mps.prom`` for node
 from __future__ import annotations
 
 # The textfile node_exporter's textfile collector reads (only files named *.prom: the temp file is not one).
-METRICS_FILE = 'gpufleet_mps.prom'
+from .health import METRICS_FILE  # noqa: F401  pylint: disable=unused-import
+
 # Why a daemon failed its last check: the values of gpufleet_mps_daemon_error's "reason" label, every one always exported.
 ERROR_REASONS = ('not_running', 'unreachable', 'timeout', 'control_binary', 'ui_failed', 'bad_answer')
 # Every metric of the textfile: name -> (type, labels, HELP). Per resource the labels are root and resource.

@@ -37,8 +37,9 @@ import typing as t
 from .._errors import MpsError
 from .._resource.layout import validate_name
 from .liveness import LOCK_FILE, PID_FILE
+from .unit import MANAGED_HEADER
 
-MANAGED = 'Managed by the gpufleet.mps Ansible collection'
+MANAGED = MANAGED_HEADER
 # Where a job that must not reach any daemon is pointed: nothing can exist under /dev/null (connect: ENOTDIR).
 NO_DAEMON_PIPE_DIR = '/dev/null/gpufleet-mps-no-daemon'
 # nvidia-cuda-mps-control as /proc/<pid>/comm shows it (truncated to 15 characters).

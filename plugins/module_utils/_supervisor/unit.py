@@ -30,6 +30,8 @@ from .._protocol.commands import QUIT
 from .._resource.layout import ConfigPaths, ResourcePaths
 
 UNIT_NAME = 'gpufleet-mps@.service'
+# The first words of every file this collection writes for another program (a unit, a Slurm file): what says it is ours.
+MANAGED_HEADER = 'Managed by the gpufleet.mps Ansible collection'
 UNIT_DIR = '/etc/systemd/system'
 SYSTEMCTL = 'systemctl'
 
