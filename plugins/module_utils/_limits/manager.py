@@ -235,9 +235,8 @@ class LimitsManager(PriorityCheck, PartitionPlan):
             read_process(view, seen.state.pid, None, seen.record is not None)
         scope, running, pid = self.scope(True)
         prober = self.prober or self.daemon
-        missing = self.missing_binary
-        if running and self.daemon is None and missing is not None:
-            raise missing
+        if running and self.daemon is None and isinstance(self.missing_binary, MpsError):
+            raise self.missing_binary
         if running and pid and self.daemon is not None:
             if self.paths.name not in view.readouts or view.readouts[self.paths.name][0] != (len(scope), pid):
                 read_daemon(view, self.paths.name, self.daemon.query, len(scope), pid, self.static_running)
