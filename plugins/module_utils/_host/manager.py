@@ -200,16 +200,20 @@ class HostManager:
         down = sorted(res.name for res in listed if view is not None and res.name in view.resources
                       and not view.resources[res.name].state.running)
         if isinstance(exc, DaemonTimeoutError):
-            down.append('a daemon that did not answer')
+            down.append('a daemon that did not answer in time')
         ready = self.around.ready_path
-        if not down or (view is not None and ready in view.paths and not view.paths.lexists(ready)):
+        if not down:
             return exc
-        if not self.check_mode:
+        if self.check_mode:
+            if view is None or ready not in view.paths or not view.paths.lexists(ready):
+                return exc
+        else:
             try:
-                remove(ready)
+                if not remove(ready):
+                    return exc  # there was none
             except OSError:
                 return exc  # not a file: its own refusal names it on the next run
-        exc.msg = '%s; %s %s, since %s no longer answer%s' % (
+        exc.msg = '%s; %s %s: %s no longer answer%s' % (
             exc.msg, ready, 'would be withdrawn' if self.check_mode else 'was withdrawn', ', '.join(down),
             's' if len(down) == 1 else '')
         exc.args = (exc.msg,)
