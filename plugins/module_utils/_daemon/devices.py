@@ -113,7 +113,7 @@ class DeviceChoice:
         if record is None:
             return
         known = {gpu.uuid for gpu in all_devices(self.view.gpus)}
-        onto = wanted.devices if wanted is not None else self.restart_onto
+        onto = wanted.devices if wanted is not None else []
         for uuid in record.devices:
             if uuid in known:
                 continue

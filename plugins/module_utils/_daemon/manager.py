@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from .._options import BUSY_CHOICES, COMPUTE_MODE_CHOICES, DEFAULT_BUSY_TIMEOUT
 from .._errors import InvalidParameterError, MpsError
-from .._gpus import Gpu, Nvml, all_devices
+from .._gpus import Nvml, all_devices
 from .._outcome import Outcome
 from .._io import refuse_unsafe_dirs
 from .._observe.scan import ForeignDaemon, orphan_warnings
@@ -63,13 +63,8 @@ class ResourceManager(DaemonObserve, DeviceChoice, DaemonActions, SystemdUnit, B
         # What state=absent removed, or in check mode would have: a directory emptied by it counts as empty. A host
         # plan shares one list between its resources, so a directory emptied by several of them counts as empty too.
         self._would_remove: t.List[str] = host.would_remove
-        # mps_host: the daemon is planned as stopped by an earlier change of the same plan (the first half of its restart).
-        self.assume_stopped = host.assume_stopped
         # mps_host: GPUs that a listed resource keeps in MPS use, whose compute mode a stop leaves as it is.
         self.keep_modes: t.FrozenSet[str] = host.keep_modes
-        # mps_host: the stop is the first half of a restart, for this reason, onto these devices.
-        self.restart_for = host.restart_for
-        self.restart_onto: t.List[Gpu] = list(host.restart_onto)
         self.shm_planned = host.shm_planned
         self.host = host
         self._lock_existed = False
@@ -182,14 +177,13 @@ class ResourceManager(DaemonObserve, DeviceChoice, DaemonActions, SystemdUnit, B
         """Decide every action from the view; nothing is read or changed here."""
         out = DaemonOutcome()
         out.warnings.extend(self.pending_warnings)
-        # A daemon the same plan stops first (the first half of its restart) is planned as stopped, without a record.
         seen = self.view.resource(self.paths.name)
-        current = DaemonState(False, None, None) if self.assume_stopped else seen.state
+        current = seen.state
         self._own_pid = current.pid
         if current.conflict:
             raise MpsError('the MPS control daemon for %s: %s' % (self.paths.name, current.conflict), pid=current.pid)
-        record = None if self.assume_stopped else seen.record
-        if seen.corrupt and not self.assume_stopped:
+        record = seen.record
+        if seen.corrupt:
             out.warnings.append('the start record %s of %s is corrupt (%s): it is treated as missing and written anew' % (
                 self.paths.started_file, self.paths.name, seen.corrupt))
         out.before = self.describe(current, record)
@@ -210,14 +204,7 @@ class ResourceManager(DaemonObserve, DeviceChoice, DaemonActions, SystemdUnit, B
         return out
 
     def _ensure_stopped(self, current: DaemonState, record: t.Optional[StartRecord], out: Outcome) -> None:
-        if current.running and self.restart_for:
-            # The first half of a restart that a host plan splits (every stop before any start: GPU moves, swaps).
-            self._plan_busy(current, out, 'the restart (%s)' % self.restart_for)
-            out.act('restart: %s' % self.restart_for, kind='restart')
-            if isinstance(out, DaemonOutcome):
-                out.restarting = True
-            self._stop(current, record, out)
-        elif current.running:
+        if current.running:
             self._plan_busy(current, out, 'the stop')
             self._stop(current, record, out)
         elif current.stale:
@@ -263,6 +250,9 @@ class ResourceManager(DaemonObserve, DeviceChoice, DaemonActions, SystemdUnit, B
             out.pid = current.pid
             out.started_at = record.started_at
             return
+        if action == 'restart' and self.host.split_restart:
+            self._split_restart(wanted, current, record, why, out)
+            return
         if action == 'restart':
             self._plan_busy(current, out, 'the restart (%s)' % why)
             out.restarting = True
@@ -279,6 +269,23 @@ class ResourceManager(DaemonObserve, DeviceChoice, DaemonActions, SystemdUnit, B
         if action == 'recover':
             out.warnings.append('recovered the MPS control daemon for %s: %s' % (self.paths.name, why))
             self._clean_stale(out)
+        self._start(wanted, out, restart=False)
+
+    def _split_restart(self, wanted: Wanted, current: DaemonState, record: t.Optional[StartRecord], why: str,
+                       out: 'DaemonOutcome') -> None:
+        """A restart a host plan splits, decided once: its stop half in ``out.first`` (every stop of the plan comes before
+        any start: GPU moves, swaps, renames in one run), its start half in ``out``, planned as the stop leaves the host."""
+        first = DaemonOutcome(before=dict(out.before))
+        self._plan_busy(current, first, 'the restart (%s)' % why)
+        first.act('restart: %s' % why, kind='restart')
+        first.restarting = True
+        self._stop(current, record, first)
+        if self.supervisor == 'systemd' and self.systemctl is not None and not self._unit_stop_planned and self.view.unit(self.unit)[0]:
+            first.act('stop %s' % self.unit, lambda: self.systemctl.stop(self.unit))  # type: ignore[union-attr]
+        out.first = first
+        out.restarting = True
+        out.restart_why = why
+        out.clients = first.clients
         self._start(wanted, out, restart=False)
 
 

@@ -42,10 +42,8 @@ class HostContext:
     # no GPU and stops removed and restarted daemons before it starts any.
     ignore_owners: t.FrozenSet[str] = frozenset()
     would_remove: t.List[str] = field(default_factory=list)
-    assume_stopped: bool = False
+    # GPUs that a listed resource keeps in MPS use: a stop leaves their compute mode as it is.
     keep_modes: t.FrozenSet[str] = frozenset()
-    restart_for: str = ''
-    restart_onto: t.Sequence[Gpu] = ()
     restart_reason: str = ''
     # Orphaned daemons of the root the same plan ends first (orphans=stop): their GPUs are not taken.
     ending_pids: t.FrozenSet[int] = frozenset()
@@ -57,6 +55,8 @@ class HostContext:
     limits_planned: bool = False
     # The same plan starts daemons of other resources under systemd: the template unit stays whatever is removed.
     keep_template: bool = False
+    # The plan runs every stop before any start: a restart is decided once, its stop half apart (DaemonOutcome.first).
+    split_restart: bool = False
     # The run's one view of the host (_observe.view.HostView), sealed: every decision reads it and nothing else.
     view: t.Optional[t.Any] = None
 
@@ -80,3 +80,5 @@ class DaemonOutcome(Outcome):
     notes: t.List[str] = field(default_factory=list)
     # Recorded devices NVML no longer reports (a MIG instance destroyed or created again), with what to do.
     gone: t.List[t.Dict[str, str]] = field(default_factory=list)
+    # The stop half of a restart a host plan splits (HostContext.split_restart); this outcome is then its start half.
+    first: t.Optional['DaemonOutcome'] = None

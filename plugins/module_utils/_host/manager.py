@@ -246,13 +246,19 @@ class HostManager:
             """What every resource's manager is told by this plan (the one view, what it removes, what it ends first)."""
             return HostContext(ignore, would_remove, ending_pids=ending, view=view, **values)
 
-        # Whether each listed resource restarts: its limits and daemon planned against the host as it is.
-        for res in listed:
-            res.limits = self._limits(res, assume_stopped=False)
-            res.daemon = self._daemon(res, 'restarted' if res.limits.restart_needed else 'started', context(
-                restart_reason=res.limits.restart_needed, shm_planned=p['shm'], **self._planned_limits(res)))
-            res.restart = res.daemon.restarting
         kept = frozenset(gpu.uuid for res in listed for gpu in res.plan.devices) if p['compute_mode'] != 'unchanged' else frozenset()
+        # Each listed resource decided once: its limits, then its daemon - a restart split into its stop half (every stop
+        # of the plan before any start: GPU moves, swaps and renames in one run) and its start half, which replays the
+        # limits, so that nothing is sent to the daemon it replaces.
+        for res in listed:
+            res.limits = self._limits(res)
+            res.daemon = self._daemon(res, 'restarted' if res.limits.restart_needed else 'started', context(
+                restart_reason=res.limits.restart_needed, shm_planned=p['shm'], keep_modes=kept, split_restart=True,
+                **self._planned_limits(res)))
+            res.restart = res.daemon.restarting
+            if res.restart:
+                res.stop, res.first_limits = res.daemon.first, res.limits
+                res.limits = res.limits.restarted()
         body = HostOutcome()
         if orphans:
             end_orphans(body, orphans, view, p, kept, ignore, self.nvml)
@@ -267,14 +273,8 @@ class HostManager:
             self._shm(body)
         for res in listed:
             if res.restart:
-                res.stop = self._daemon(res, 'stopped', context(keep_modes=kept, restart_for=res.daemon.restart_why,
-                                                                restart_onto=res.plan.devices))
                 body.take(res.name, res.stop)
         for res in listed:
-            if res.restart:
-                res.first_limits = res.limits
-                res.limits = self._limits(res, assume_stopped=True)
-                res.daemon = self._daemon(res, 'started', context(assume_stopped=True, shm_planned=p['shm'], **self._planned_limits(res)))
             body.take(res.name, res.limits)
             body.take(res.name, res.daemon)
         body.warnings += self._pending_warning(listed)
@@ -318,24 +318,23 @@ class HostManager:
     def _planned_limits(res: _Resource) -> t.Dict[str, t.Any]:
         return dict(limits=res.limits.wanted, limits_replay_for=res.limits.replay_for, limits_planned=True)
 
-    def limits_manager(self, res: t.Any, assume_stopped: bool, view: t.Optional[HostView] = None) -> LimitsManager:
+    def limits_manager(self, res: t.Any, view: t.Optional[HostView] = None) -> LimitsManager:
         """The limits manager of a listed resource, deciding from the run's view (``view``: the one being read)."""
         plan = res.plan
         if plan is None:
             raise MpsError('internal error: limits of the removed resource %s were asked for' % res.name)
         view = view or self.view
-        running = not assume_stopped and view is not None and view.resource(res.name).state.running
+        running = view is not None and view.resource(res.name).state.running
         manager = LimitsManager(res.setup.paths, res.setup.config, res.setup.daemon if running else None,
                                 view.gpus if view is not None else self.nvml.gpus(), self.check_mode, view=view)
         manager.follow(plan)
         manager.prober = res.setup.daemon
-        manager.assume_stopped = assume_stopped
         manager.start_follows = True
         return manager
 
-    def _limits(self, res: _Resource, assume_stopped: bool) -> t.Any:
+    def _limits(self, res: _Resource) -> t.Any:
         plan = res.plan
-        manager = self.limits_manager(res, assume_stopped)
+        manager = self.limits_manager(res)
         return manager.plan(plan.active_thread_percentage, plan.pinned_device_mem_limit, plan.replicas, self.params['running_servers'])
 
     @staticmethod

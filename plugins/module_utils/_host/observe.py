@@ -48,7 +48,7 @@ def observe(host: t.Any, listed: t.List[t.Any]) -> t.Tuple[HostView, t.List[t.An
     _observe_units(host, listed + removed, managers, view)
     for res in listed:
         # The one control batch of each running daemon (defaults, servers, their limits and clients).
-        host.limits_manager(res, assume_stopped=False, view=view).probe(view)
+        host.limits_manager(res, view=view).probe(view)
         managers[res.name].probe(view, 'started', p['shm'], ordinals=None)
     for name, seen in sorted(view.resources.items()):
         # A daemon the plan stops or removes, listed or not: its servers' clients, which busy decides about.

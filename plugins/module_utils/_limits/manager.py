@@ -10,6 +10,7 @@ after a restart that nobody replayed the limits for.
 
 from __future__ import annotations
 
+import dataclasses
 import typing as t
 from dataclasses import dataclass, field
 
@@ -69,6 +70,20 @@ class LimitsOutcome(Outcome):
     replay_for: t.Optional[t.List[str]] = None
     # The daemon's static SM partitions as lspart listed them (None: it runs without -S, or is not running).
     sm_partitions: t.Optional[t.List[t.Dict[str, t.Any]]] = None
+    # What was said of the running daemon's answers and servers (a restart makes it moot).
+    running_warnings: t.List[str] = field(default_factory=list)
+
+    def restarted(self) -> 'LimitsOutcome':
+        """The same decision for a daemon the plan restarts: nothing is sent to the old daemon - its start replays the
+        persisted limits - and everything else stands."""
+        sent = [change for change in self.changes if change.kind == 'limits']
+        out = dataclasses.replace(self, changes=[change for change in self.changes if change not in sent],
+                                  steps=[(change, run) for change, run in self.steps if change not in sent],
+                                  actions=[change.text for change in self.changes if change not in sent],
+                                  warnings=[warning for warning in self.warnings if warning not in self.running_warnings],
+                                  commands=[], applied=False, pending=[], executed=[])
+        out.changed = bool(out.changes)
+        return out
 
 
 class LimitsManager(PriorityCheck, PartitionPlan):
@@ -95,8 +110,6 @@ class LimitsManager(PriorityCheck, PartitionPlan):
         # mps_host: the devices the plan gives the resource. When the daemon runs on others (a GPU move, a MIG instance
         # re-created), it restarts on these: the limits are checked and persisted for them, not sent to the old daemon.
         self.planned: t.Optional[t.List[Gpu]] = None
-        # mps_host: the daemon is stopped by an earlier change of the same plan (its restart): persist, do not send.
-        self.assume_stopped = False
         # mps_host: the same plan starts the daemon (every listed resource runs after it): a daemon found dead is
         # recovered there and its limits replayed, so its absence now is no warning of the limits' own.
         self.start_follows = False
@@ -123,10 +136,6 @@ class LimitsManager(PriorityCheck, PartitionPlan):
     # --- what the daemon has ----------------------------------------------------------------------
     def scope(self, create: bool) -> t.Tuple[t.List[Gpu], bool, t.Optional[int]]:
         """The daemon's GPUs in ordinal order, whether it runs, and its pid."""
-        if self.assume_stopped and self.planned is not None:
-            self.state = None
-            self.order_known = self.scope_known = True
-            return list(self.planned), False, None
         seen = self.view.resource(self.paths.name)
         state = self.state = seen.state
         if state.conflict:
@@ -326,6 +335,7 @@ class LimitsManager(PriorityCheck, PartitionPlan):
                                                                   readout if running else None, decision))
         out.before, out.after = decision.before, decision.after
         out.warnings += decision.warnings
+        out.running_warnings = list(decision.warnings)
         if running:
             out.commands = decision.commands
             out.restart_needed = '; '.join(decision.restart_reasons)

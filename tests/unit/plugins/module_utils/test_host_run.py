@@ -745,7 +745,6 @@ def test_sm_partitions_are_created_at_the_start_resized_in_place_and_left_with_a
     _set_cuda('13010')
     entry = {'name': 'train', 'devices': [0], 'sm_partitions': [8, 4]}
     _check_then_apply(host, [entry])
-    paths = resource_paths(host.root, 'train')
     assert _record(host.root, 'train').static_partitioning is True
     assert sorted(chunks for _gpu, _id, chunks in _partitions(host, 'train')) == [4, 8]
     facts = json.loads((host.base / 'facts.d' / 'gpufleet_mps.fact').read_text())
