@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from ansible_collections.gpufleet.mps.plugins.module_utils._limits import manager as _limits_manager, model as _limits
+from ansible_collections.gpufleet.mps.plugins.module_utils._limits import manager as _limits_manager, model as _limits, observe as _limits_observe
 from ansible_collections.gpufleet.mps.plugins.module_utils._limits import store as _store
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import InvalidParameterError, MpsError
 from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import Gpu
@@ -262,7 +262,7 @@ def test_the_state_acted_on_is_read_under_the_resource_lock(tmp_path, monkeypatc
     # The resource is read once, under the lock, and everything is judged from that read - the refusals too (a refused run
     # removes the lock it made): a concurrent mps_daemon or mps_limits run on the resource is seen whole or not at all.
     lock = RecordingLock()
-    monkeypatch.setattr(_limits_manager, 'resource_lock', lambda paths: lock)
+    monkeypatch.setattr(_limits_observe, 'resource_lock', lambda paths: lock)
     daemon = types.SimpleNamespace(client=types.SimpleNamespace(processes=0))
     limits = LimitsManager(resource_paths(str(tmp_path / 'root'), 'train'), config_paths(str(tmp_path / 'etc'), 'train'),
                            daemon, [gpu(0, 'Tesla T4', 15360)], check_mode=False)
