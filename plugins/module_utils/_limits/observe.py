@@ -54,8 +54,10 @@ class LimitsObserve:
             read_process(view, seen.state.pid, None, seen.record is not None)
         scope, running, pid = self.scope(True)
         prober = self.prober or self.daemon
-        if running and self.daemon is None and isinstance(self.missing_binary, MpsError):
-            raise self.missing_binary
+        missing = self.missing_binary
+        if running and self.daemon is None and missing is not None:
+            # a running daemon needs the control binary: why there is none, as it was said
+            raise MpsError(missing.msg, **missing.details)
         if running and pid and self.daemon is not None:
             if self.paths.name not in view.readouts or view.readouts[self.paths.name][0] != (len(scope), pid):
                 read_daemon(view, self.paths.name, self.daemon.query, len(scope), pid, self.static_running)
