@@ -181,7 +181,8 @@ class HostManager:
                 out = self.decide(listed, removed, self.view)
             except MpsError as exc:
                 lock.discard()
-                raise self.refused(listed, exc) from exc
+                self.refused(listed, exc)
+                raise
             if not self.check_mode and out.changed:
                 # Imported here: a run that changes nothing never compiles it (AnsiballZ compiles what is imported).
                 from .._execute import execute  # pylint: disable=import-outside-toplevel
@@ -191,11 +192,11 @@ class HostManager:
         out.warnings[:0] = self.plan_warnings
         return out
 
-    def refused(self, listed: t.Sequence[_Resource], exc: MpsError) -> MpsError:
+    def refused(self, listed: t.Sequence[_Resource], exc: MpsError) -> None:
         """A refused run changes nothing - but the ready mark: withdrawn when a listed resource no longer answers (its
-        daemon is not running, or did not answer), which the error says (check mode: that it would be)."""
+        daemon is not running, or did not answer), which ``exc``'s message then says (check mode: that it would be)."""
         if not self.params['ready'] or self.params['state'] != 'present':
-            return exc
+            return
         view = self.view
         down = sorted(res.name for res in listed if view is not None and res.name in view.resources
                       and not view.resources[res.name].state.running)
@@ -203,22 +204,21 @@ class HostManager:
             down.append('a daemon that did not answer in time')
         ready = self.around.ready_path
         if not down:
-            return exc
+            return
         if self.check_mode:
             if view is None or ready not in view.paths or not view.paths.lexists(ready):
-                return exc
+                return
         else:
             try:
                 if not remove(ready):
-                    return exc  # there was none
+                    return  # there was none
             except OSError:
-                return exc  # not a file: its own refusal names it on the next run
+                return  # not a file: its own refusal names it on the next run
         exc.msg = '%s; %s %s: %s no longer answer%s' % (
             exc.msg, ready, 'would be withdrawn' if self.check_mode else 'was withdrawn', ', '.join(down),
             's' if len(down) == 1 else '')
         exc.args = (exc.msg,)
         exc.details = dict(exc.details, ready_withdrawn=not self.check_mode)
-        return exc
 
     def observe(self, listed: t.List[_Resource]) -> t.List[_Resource]:
         """The host read once (:func:`.observe.observe`) into the sealed view every decision reads; the resources the
