@@ -846,7 +846,8 @@ def measured_markdown(runs: t.Sequence[t.Dict[str, t.Any]], fleet: t.Sequence[t.
             out += ['', 'Where one `mps_host` no-op module process spends its time (bench/phases.py, median ms; the interpreter\'s '
                     'own start, `python` above, comes first): %s; total after start %s.' % (', '.join(
                         '%s %s' % (key.replace('_', ' '), _f(ph[key] * 1000, 1)) for key in (
-                            'import_ansible', 'import_collection', 'nvml_init', 'plan', 'ui', 'results', 'rest') if key in ph),
+                            'import_ansible', 'import_collection', 'nvml_init', 'plan', 'observe', 'decide', 'ui', 'results', 'rest')
+                        if key in ph),
                         _f(ph['total'] * 1000, 1))]
         if 'ui_process' in modules:
             out += ['', 'One control UI process of the simulator: %s ms wall, %s ms CPU (it is Python; the real '

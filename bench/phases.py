@@ -8,7 +8,8 @@ and prints, on stderr, one JSON line: seconds since the interpreter started runn
 - ``import_ansible``: ``ansible.module_utils.basic`` (AnsibleModule and what it pulls in);
 - ``import_collection``: mps_host and the module_utils it imports at the top (pynvml included);
 - ``nvml_init``: NVML init and the GPU list (``Nvml.__enter__`` and ``Nvml.gpus``, first call);
-- ``plan``: observe and decide (``HostManager.plan``), of which ``ui`` is spent in control UI processes;
+- ``observe``: the host read into its view (``HostManager.observe``), of which ``ui`` is spent in control UI processes;
+- ``decide``: the plan from the view (``HostManager.decide``: no I/O);
 - ``results``: each resource observed again for the result (``HostManager._results``);
 - ``rest``: argument parsing, the lock, the result's JSON, everything else.
 
@@ -26,7 +27,8 @@ STARTED = time.perf_counter()
 
 
 def main() -> None:
-    phases = {'import_ansible': 0.0, 'import_collection': 0.0, 'nvml_init': 0.0, 'plan': 0.0, 'ui': 0.0, 'results': 0.0}
+    phases = {'import_ansible': 0.0, 'import_collection': 0.0, 'nvml_init': 0.0, 'observe': 0.0, 'decide': 0.0, 'ui': 0.0,
+              'results': 0.0}
     mark = time.perf_counter()
     import ansible.module_utils.basic  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
     phases['import_ansible'] = time.perf_counter() - mark
@@ -55,14 +57,16 @@ def main() -> None:
 
     timed(_gpus.Nvml, '__enter__', 'nvml_init')
     timed(_gpus.Nvml, 'gpus', 'nvml_init', first_only=True)
-    timed(HostManager, 'plan', 'plan')
+    timed(HostManager, 'observe', 'observe')
+    timed(HostManager, 'decide', 'decide')
     timed(HostManager, '_results', 'results')
     timed(ControlClient, 'batch', 'ui')
 
     def report():
         total = time.perf_counter() - STARTED
         phases['total'] = total
-        phases['rest'] = total - sum(phases[key] for key in ('import_ansible', 'import_collection', 'nvml_init', 'plan', 'results'))
+        phases['rest'] = total - sum(phases[key] for key in ('import_ansible', 'import_collection', 'nvml_init', 'observe', 'decide',
+                                                             'results'))
         sys.stderr.write('PHASES ' + json.dumps(phases) + '\n')
     try:
         mps_host.main()

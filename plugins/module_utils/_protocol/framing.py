@@ -184,4 +184,8 @@ class ControlClient:
                 '%s exited with status %d%s' % (self.binary, rc, self._log_hint()),
                 rc=rc, stdout=stdout, stderr=stderr)
         lines = [line.strip() for line in stdout.splitlines() if line.strip()]
-        return split_replies(commands, lines)
+        try:
+            return split_replies(commands, lines)
+        except ControlBinaryError as exc:
+            raise ControlBinaryError('%s: is %s really nvidia-cuda-mps-control?%s' % (exc.msg, self.binary, self._log_hint()),
+                                     **dict(exc.details, control_binary=self.binary)) from exc
