@@ -187,5 +187,5 @@ class ControlClient:
         try:
             return split_replies(commands, lines)
         except ControlBinaryError as exc:
-            raise ControlBinaryError('%s: is %s really nvidia-cuda-mps-control?%s' % (exc.msg, self.binary, self._log_hint()),
+            raise ControlBinaryError('%s from %s: is it really nvidia-cuda-mps-control?%s' % (exc.msg, self.binary, self._log_hint()),
                                      **dict(exc.details, control_binary=self.binary)) from exc
