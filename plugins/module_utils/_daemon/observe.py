@@ -62,10 +62,11 @@ class DaemonObserve:
             return
         limits = read_persisted(self.config, view.text)
         if limits is not None:
-            # A start replays them: is every command of theirs one the binary has? Asked only where no daemon answered.
-            if limits.client_priority is not None and self._answered(view, SET_DEFAULT_PRIORITY) is None:
+            # A start replays them: is every command of theirs one the binary on disk has? A running daemon's answers speak
+            # for the binary that started it, which a driver package may have replaced since: its help is read.
+            if limits.client_priority is not None:
                 read_help(view, self.daemon, SET_DEFAULT_PRIORITY)
-            if limits.sm_partitions and self._answered(view, SM_PARTITION) is None:
+            if limits.sm_partitions:
                 read_help(view, self.daemon, SM_PARTITION)
         if shm and self.supervisor != 'systemd' and view.shm_namespace is None:
             # A daemon may be (re)started with the tmpfs as /dev/shm: whether that can work here is known before the old
@@ -79,22 +80,9 @@ class DaemonObserve:
             except InvalidParameterError as exc:
                 view.shm_namespace = exc.msg
 
-    def _answered(self, view: t.Any, word: str) -> t.Optional[bool]:
-        """True where this resource's running daemon has shown that its binary has ``word``; None where it has not."""
-        seen = view.resource(self.paths.name)
-        if not seen.state.running or seen.problem is not None:
-            return None
-        if word == SET_DEFAULT_PRIORITY:
-            readout = view.readouts.get(self.paths.name)
-            return True if readout is not None and readout[1].default_priority is not None else None
-        if word == SM_PARTITION:
-            static = seen.record.static_partitioning if seen.record is not None else view.static_args.get(seen.state.pid)
-            return True if static else None
-        return None
-
     def offered(self, word: str) -> t.Optional[bool]:
-        """Whether the control binary has ``word``: its running daemon's answers, else its help text as read."""
-        return self._answered(self.view, word) or self.view.offers(self.daemon.binary, word)
+        """Whether the control binary on disk has ``word``, as its help text was read."""
+        return self.view.offers(self.daemon.binary, word)
 
     def _check_shm_start(self, wanted: t.Any) -> None:
         """A daemon is about to be (re)started with the tmpfs as /dev/shm: refused now where that cannot work here."""
