@@ -259,13 +259,14 @@ class Limits:
 
         Limits from replicas are persisted per device UUID, so a device that came after them (a MIG instance re-created
         with a new UUID) has none. Only when every persisted size of a device still ``known`` is that device's share
-        (sizes given explicitly are never extended).
+        (sizes given explicitly are never extended); a record whose every device is gone (the resource's one MIG instance
+        re-created) has only shares to go by.
         """
-        if not self.replicas or not self.pinned_device_mem_limit:
+        if not self.replicas or not self.pinned_device_mem_limit or EVERY_GPU in self.pinned_device_mem_limit:
             return []
         by_uuid = {gpu.uuid: gpu for gpu in known}
         shares = [(by_uuid[uuid], mib) for uuid, mib in self.pinned_device_mem_limit.items() if uuid in by_uuid]
-        if not shares or any(mib != gpu.memory_total_mib // self.replicas for gpu, mib in shares):
+        if any(mib != gpu.memory_total_mib // self.replicas for gpu, mib in shares):
             return []
         added = [gpu for gpu in devices if self.mem_for(gpu.uuid) is None]
         for gpu in added:
@@ -274,11 +275,12 @@ class Limits:
 
     def own_shares(self, devices: t.Sequence[t.Any], known: t.Sequence[t.Any]) -> t.List[str]:
         """Keep the shares of ``replicas`` of ``devices`` only (a replica count persisted before its daemon's GPUs were known
-        holds every GPU of the host); the UUIDs dropped. Sizes given explicitly are never touched."""
-        if not self.replicas or not self.pinned_device_mem_limit:
+        holds every GPU of the host; a re-created MIG instance leaves its old UUID behind); the UUIDs dropped. Sizes given
+        explicitly are never touched."""
+        if not self.replicas or not self.pinned_device_mem_limit or EVERY_GPU in self.pinned_device_mem_limit:
             return []
         by_uuid = {gpu.uuid: gpu for gpu in known}
-        if any(uuid not in by_uuid or mib != by_uuid[uuid].memory_total_mib // self.replicas
+        if any(uuid in by_uuid and mib != by_uuid[uuid].memory_total_mib // self.replicas
                for uuid, mib in self.pinned_device_mem_limit.items()):
             return []
         own = {gpu.uuid for gpu in devices}
