@@ -11,7 +11,6 @@ the plan.
 
 from __future__ import annotations
 
-import copy
 import typing as t
 
 from ._errors import MpsError
@@ -28,7 +27,10 @@ def execute(out: t.Any) -> None:
             not_done = [item for item, _run in steps[index:] if item is not None]
             failed = change or (not_done[0] if not_done else None)
             undone = _undo(out.executed, failed)
-            error = copy.copy(exc)  # the same kind of error, its message completed with the account
+            # The same kind of error (InvalidParameterError keeps its param), its message completed with the account; made
+            # without its constructor, whose arguments differ from class to class.
+            error = exc.__class__.__new__(exc.__class__)
+            error.__dict__.update(exc.__dict__)
             error.msg = '%s [%s]' % (exc.msg, _account(out.executed, undone, not_done))
             error.args = (error.msg,)
             error.details = dict(exc.details, executed=[item.as_dict() for item in out.executed],

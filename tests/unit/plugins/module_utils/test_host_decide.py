@@ -49,3 +49,26 @@ def test_order_steps_puts_waits_first_then_head_body_tail():
     body = ['stop a', 'wait b', 'start a', 'wait c', 'start b']
     ordered = order_steps(body, ['withdraw'], ['logrotate', 'mark'], lambda step: step.startswith('wait'))
     assert ordered == ['wait b', 'wait c', 'withdraw', 'stop a', 'start a', 'start b', 'logrotate', 'mark']
+
+
+def test_a_failed_change_keeps_its_kind_of_error_and_says_what_was_done_undone_and_not_done():
+    """The one executor: the error raised is of the failed change's kind (a parameter's error keeps naming it), with the
+    account of the run; what the failed change's resource had done is undone, in reverse order."""
+    # pylint: disable=import-outside-toplevel
+    from ansible_collections.gpufleet.mps.plugins.module_utils._errors import InvalidParameterError
+    from ansible_collections.gpufleet.mps.plugins.module_utils._execute import execute
+    from ansible_collections.gpufleet.mps.plugins.module_utils._outcome import Outcome
+    done = []
+    out = Outcome()
+    first = out.act('write a', lambda: done.append('a'))
+    first.undo = lambda: done.append('undo a')
+
+    def refuse():
+        raise InvalidParameterError('size', 'too small for what its files use')
+    out.act('remount b', refuse)
+    out.act('write c', lambda: done.append('c'))
+    with pytest.raises(InvalidParameterError) as caught:
+        execute(out)
+    assert caught.value.param == 'size' and caught.value.msg.startswith('size: too small')
+    assert 'undone: : write a' in caught.value.msg and 'not done: : remount b; : write c' in caught.value.msg
+    assert done == ['a', 'undo a'] and [change.action for change in out.executed] == ['write a']
