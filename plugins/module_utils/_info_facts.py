@@ -288,8 +288,7 @@ class Facts:
 
     def _warn_shared_gpus(self, reported: t.AbstractSet[str], by_uuid: t.Mapping[str, Gpu]) -> None:
         """A GPU in the records of two running daemons under the root (one of them reported here)."""
-        live = {name: self._record(seen) for name, seen in self.view.resources.items() if seen.state.running or seen.state.conflict}
-        for uuid, names in sorted(gpu_claims({name: record for name, record in live.items() if record is not None}).items()):
+        for uuid, names in sorted(gpu_claims({name: found[1] for name, found in self.view.live().items()}).items()):
             if len(names) > 1 and reported.intersection(names):
                 gpu = by_uuid.get(uuid)
                 self.warnings.append('%s is claimed by more than one MPS control daemon under %s: %s' % (
