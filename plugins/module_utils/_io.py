@@ -83,20 +83,37 @@ def remove(path: str) -> bool:
     return True
 
 
+def ancestors(path: str) -> t.List[str]:
+    """``path`` and every directory above it, innermost first."""
+    found = []
+    current = os.path.abspath(path)
+    while True:
+        found.append(current)
+        parent = os.path.dirname(current)
+        if parent == current:
+            return found
+        current = parent
+
+
+def missing_dirs(path: str) -> t.List[str]:
+    """``path`` and those of its ancestors that are no directory yet, outermost first: what creating it creates."""
+    missing = []
+    for directory in ancestors(path):
+        if os.path.isdir(directory):
+            break
+        missing.append(directory)
+    return list(reversed(missing))
+
+
 def ensure_dir(path: str, mode: int = 0o755) -> bool:
     """Create ``path`` (and parents) with ``mode`` when missing; refuse a symlink. True when created."""
     if os.path.islink(path):
         raise UnsafePathError('%s is a symbolic link; refusing to use it' % path, path=path)
     if os.path.isdir(path):
         return False
-    missing = []
-    current = os.path.abspath(path)
-    while not os.path.isdir(current):
-        missing.append(current)
-        current = os.path.dirname(current)
     # Every directory created gets ``mode`` whatever the umask: os.makedirs() would give the
     # parents umask-limited modes (0700 under umask 077, untraversable for MPS clients).
-    for directory in reversed(missing):
+    for directory in missing_dirs(path):
         try:
             os.mkdir(directory, mode)
         except FileExistsError:
@@ -150,21 +167,12 @@ def refuse_unsafe_dirs(dirs: t.Sequence[t.Tuple[str, str]], view: t.Optional[t.A
 
 def untraversable(view: t.Any, path: str) -> t.List[str]:
     """Existing ancestors of ``path`` (and ``path``) that other users cannot traverse (no o+x), as ``view`` read them
-    (_observe.reader.ancestors).
+    (:func:`ancestors`: a run reads them all).
 
     The MPS server runs as the client's uid and must reach ``<pipe>/log``: a 0700 parent makes every non-root client fail.
     """
-    blocked = []
-    current = os.path.abspath(path)
-    while True:
-        mode = view.mode(current)
-        if mode is not None and not mode & stat.S_IXOTH:
-            blocked.append(current)
-        parent = os.path.dirname(current)
-        if parent == current:
-            break
-        current = parent
-    return list(reversed(blocked))
+    modes = [(directory, view.mode(directory)) for directory in reversed(ancestors(path))]
+    return [directory for directory, mode in modes if mode is not None and not mode & stat.S_IXOTH]
 
 
 def restorer(path: str, observed: t.Optional[t.Tuple[t.Optional[str], t.Optional[int]]] = None) -> t.Callable[[], None]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from .._errors import MpsError
 from .._gpus import Gpu
+from .._io import ancestors
 from .._proc import child_pids, daemon_dev_shm, read_locks, read_mountinfo, started_static, uuids_from_environ
 from .._protocol.state import read_state
 from .._resource.layout import OWN_ENTRIES, SHM_DIR, ConfigPaths, ResourcePaths, config_paths, resource_paths
@@ -49,18 +50,6 @@ class Wants:
         self.add(other.files, other.dirs, other.others)
         self.mounts = self.mounts or other.mounts
         return self
-
-
-def ancestors(path: str) -> t.List[str]:
-    """``path`` and every directory above it (clients must be able to traverse them all)."""
-    found = []
-    current = os.path.abspath(path)
-    while True:
-        found.append(current)
-        parent = os.path.dirname(current)
-        if parent == current:
-            return found
-        current = parent
 
 
 def resource_wants(paths: ResourcePaths, config: t.Optional[ConfigPaths] = None) -> Wants:

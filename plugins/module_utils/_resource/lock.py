@@ -14,7 +14,7 @@ import time
 import typing as t
 
 from .._errors import MpsError
-from .._io import ensure_dir
+from .._io import ensure_dir, missing_dirs
 from .layout import ResourcePaths
 
 # In <root>/<name>/: it belongs to the resource, not to one of its users.
@@ -55,19 +55,6 @@ class RootLock:
             self._fd = None
 
 
-def _missing_dirs(path: str) -> t.List[str]:
-    """``path`` and its ancestors that do not exist yet, outermost first."""
-    missing = []
-    current = os.path.abspath(path)
-    while not os.path.isdir(current):
-        missing.append(current)
-        parent = os.path.dirname(current)
-        if parent == current:
-            break
-        current = parent
-    return list(reversed(missing))
-
-
 def _same_file(fd: int, path: str) -> bool:
     """The locked file is still the one at ``path``: a run that gave up its lock may have removed it meanwhile."""
     try:
@@ -91,7 +78,7 @@ class ResourceLock:
 
     def __enter__(self) -> 'ResourceLock':
         while True:
-            made = _missing_dirs(os.path.dirname(self.path))
+            made = missing_dirs(os.path.dirname(self.path))
             ensure_dir(os.path.dirname(self.path), 0o755)
             self.created += [path for path in made if path not in self.created]
             self._root = RootLock(self._root_path, exclusive=False) if self._root_path else None
@@ -157,7 +144,7 @@ class HostLock(RootLock):
         deadline = time.monotonic() + self.timeout
         while True:
             if self.create:
-                made = _missing_dirs(self.root)
+                made = missing_dirs(self.root)
                 ensure_dir(self.root, 0o755)
                 self.created += [path for path in made if path not in self.created]
             try:

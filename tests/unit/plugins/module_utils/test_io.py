@@ -8,7 +8,7 @@ import os
 import pytest
 
 from ansible_collections.gpufleet.mps.plugins.module_utils._observe.paths import read_paths
-from ansible_collections.gpufleet.mps.plugins.module_utils._observe.reader import ancestors
+from ansible_collections.gpufleet.mps.plugins.module_utils._io import ancestors
 from ansible_collections.gpufleet.mps.plugins.module_utils import _io
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import MpsError, UnsafePathError
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import managed_dirs, resource_paths
