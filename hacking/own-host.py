@@ -35,7 +35,9 @@ def _split(argv: list[str]) -> tuple[list[str], list[str]]:
 
 def _inside(dirs: list[str], command: list[str]) -> int:
     """PID 1 of the namespace: a private /dev/shm, the command, every orphan reaped, then the leftovers check."""
-    subprocess.run(['mount', '-t', 'tmpfs', '-o', 'mode=1777,nosuid,nodev', 'tmpfs', '/dev/shm'], check=True)
+    mounted = subprocess.run(['mount', '-t', 'tmpfs', '-o', 'mode=1777,nosuid,nodev', 'tmpfs', '/dev/shm'], check=False)
+    if mounted.returncode != 0:
+        print('own-host.py: no /dev/shm of its own here: %s shares the machine\'s' % command[0], file=sys.stderr)
     child = subprocess.Popen(command)  # pylint: disable=consider-using-with
     status = None
     while status is None:
