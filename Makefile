@@ -153,14 +153,16 @@ test-fakes: simhost
 	. $(SIMHOST)/env && $(OWN_HOST) $(VPY) -m pytest -q -p no:cacheprovider tests/fakes tests/gpu
 
 # Scenarios find the role and modules through ANSIBLE_COLLECTIONS_PATH (the copied tree). Molecule keeps
-# per-scenario state ("already prepared") across runs; each run starts from a reset.
+# per-scenario state ("already prepared") across runs; each run starts from a reset. On failure the failed task and
+# its message are printed last (hacking/failed-task.py), since CI keeps only the tail and molecule ends with its recap.
 molecule: collection simhost
 	if ls extensions/molecule/*/molecule.yml >/dev/null 2>&1; then \
 	  . $(SIMHOST)/env && export GPUFLEET_TEST_ROOT=$(TEST_ROOT) && \
 	  for scenario in $(if $(SCENARIO),$(SCENARIO),$$(ls extensions/molecule/*/molecule.yml | xargs -n1 dirname | xargs -n1 basename)); do \
 	    $(VENV)/bin/molecule reset -s $$scenario >/dev/null; \
 	  done && \
-	  $(OWN_HOST) $(VENV)/bin/molecule test $(if $(SCENARIO),-s $(SCENARIO),--all); \
+	  $(OWN_HOST) $(VENV)/bin/molecule test $(if $(SCENARIO),-s $(SCENARIO),--all) 2>&1 | tee $(TEST_ROOT)/molecule.log \
+	  || { $(VPY) hacking/failed-task.py $(TEST_ROOT)/molecule.log; exit 1; }; \
 	else echo 'molecule: no scenarios yet'; fi
 
 .PHONY: demo demo-clean
