@@ -33,6 +33,14 @@ class InvalidParameterError(MpsError):
         super().__init__('%s: %s' % (param, msg), param=param, **details)
         self.param = param
 
+    def within(self, prefix: str) -> 'InvalidParameterError':
+        """The same refusal, naming the option where the user wrote it: ``sm_partitions`` of a resource entry as
+        ``resources[train].sm_partitions``."""
+        own = '%s: ' % self.param
+        details = {key: value for key, value in self.details.items() if key != 'param'}
+        return InvalidParameterError('%s.%s' % (prefix, self.param), self.msg[len(own):] if self.msg.startswith(own) else self.msg,
+                                     **details)
+
 
 class UnsafePathError(MpsError):
     """A path is a symlink, owned by someone else, or writable by others where it must not be."""

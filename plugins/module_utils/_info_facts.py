@@ -16,7 +16,7 @@ from ._container import with_engine
 from ._errors import InvalidParameterError, MpsError
 from ._gpus import ENUMERATION_WARNING, Gpu, all_devices, is_mig_uuid
 from ._io import untraversable
-from ._limits.model import Limits, slice_env
+from ._limits.model import Limits, check_replicas, slice_env
 from ._limits.partitions import parse_lspart, partitions_view
 from ._limits.store import persisted_facts, read_persisted
 from ._observe.readout import limit_differences, partition_differences
@@ -268,6 +268,8 @@ class Facts:
         persisted limits (what the daemon hands out); the memory only where NVML gave every GPU's size."""
         slices = int(self.request.slices or 1)
         gpus = [by_uuid.get(uuid) for uuid in uuids]
+        # One client per slice: no more than each of the daemon's GPUs takes, as replicas (the one check of both).
+        check_replicas(slices, [gpu for gpu in gpus if gpu is not None], 'slices')
         memory = [gpu.memory_total_mib for gpu in gpus if gpu is not None] if all(gpus) and uuids else []
         return {'slices': slices, 'env': slice_env(
             slices, memory, persisted.active_thread_percentage if persisted else None,

@@ -127,8 +127,8 @@ class DaemonActions:
                                             self.paths.name, self.config.limits_json, self.daemon.binary, SET_DEFAULT_PRIORITY))
         if wants_static(commands) and self.offered(SM_PARTITION) is False:
             raise InvalidParameterError('sm_partitions', 'the persisted limits of %s (%s) create static SM partitions, and the '
-                                        'help text of %s lists no %s: this binary has no static partitioning (CUDA 13.1, '
-                                        'control binary 13010, and later; r580 is 13000). Nothing was started or stopped; '
+                                        'help text of %s lists no %s: this binary has no static partitioning (that needs '
+                                        'the control binary of CUDA 13.1, 13010, or later). Nothing was started or stopped; '
                                         'remove them with gpufleet.mps.mps_limits (sm_partitions: []) or from the resource' % (
                                             self.paths.name, self.config.limits_json, self.daemon.binary, SM_PARTITION))
         return commands

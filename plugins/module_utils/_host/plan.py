@@ -18,7 +18,9 @@ from ansible.module_utils.parsing.convert_bool import BOOLEANS_FALSE, BOOLEANS_T
 from .._errors import DeviceSelectionError, InvalidParameterError
 from .._gpus import VOLTA_CC, Gpu
 from .._limits.partitions import check_partition_gpus, parse_partitions
-from .._limits.model import check_fits, check_replicas, check_shares_fit, parse_mem_limit, parse_percentage, parse_priority, parse_size
+from .._limits.model import (
+    as_count, check_fits, check_replicas, check_shares_fit, less_than_one_sm, parse_mem_limit, parse_percentage, parse_priority,
+    parse_size)
 from .._resource.layout import validate_name
 from .._selectors import resolve_devices
 
@@ -64,6 +66,7 @@ def replicas_for(replicas: t.Any, gpu_name: str, param: str, profile: str = '') 
     A MIG device (``profile`` given) matches a key by its profile (``1g.10gb``), every key tried so first, then by its
     full name (``NVIDIA A100-SXM4-80GB MIG 1g.10gb``); a whole GPU by its model name.
     """
+    replicas = as_count(replicas, param)
     if replicas is None or isinstance(replicas, int) and not isinstance(replicas, bool):
         return replicas
     if not isinstance(replicas, dict):
@@ -73,9 +76,9 @@ def replicas_for(replicas: t.Any, gpu_name: str, param: str, profile: str = '') 
     for name in ([profile] if profile else []) + [gpu_name]:
         for pattern, value in replicas.items():
             if pattern != 'default' and fnmatch.fnmatchcase(name, str(pattern)):
-                return value
+                return as_count(value, param)
     if 'default' in replicas:
-        return replicas['default']
+        return as_count(replicas['default'], param)
     raise InvalidParameterError(param, 'no entry matches %s and there is no "default"' % (
         'MIG profile %r (%s)' % (profile, gpu_name) if profile else 'GPU model %r' % gpu_name))
 
@@ -129,6 +132,12 @@ def plan_resources(resources: t.Any, gpus: t.Sequence[Gpu], param: str = 'resour
                             oversubscribe=boolean(resource, 'oversubscribe', where), client_priority=resource.get('client_priority'),
                             sm_partitions=resource.get('sm_partitions'))
         _check_limits(plan, where, gpus)
+        if warnings is not None:
+            share = plan.limits.get('active_thread_percentage')
+            if share is None and replicas:
+                share = float(100 // replicas)  # as _limits.manager derives it
+            warnings.extend(less_than_one_sm(share, chosen, where + ('.active_thread_percentage' if 'active_thread_percentage' in plan.limits
+                                                                      else '.replicas')))
         plans.append(plan)
     return plans
 
@@ -182,6 +191,7 @@ def check_resources(resources: t.Any, param: str = 'resources') -> None:
         for value in (replicas.values() if isinstance(replicas, dict) else [replicas]):
             if value is None and not isinstance(replicas, dict):
                 continue
+            value = as_count(value, where + '.replicas')
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CLIENTS:
                 raise InvalidParameterError(where + '.replicas', 'must be a number of clients from 1 to %d (no GPU takes more), '
                                             'or a mapping from GPU model to one; got %r' % (MAX_CLIENTS, value))

@@ -145,7 +145,26 @@ def parse_percentage(value: t.Any, param: str = 'active_thread_percentage') -> f
         raise InvalidParameterError(param, '%r is not a number greater than 0 and at most 100' % (value,)) from None
     if not (0 < number <= 100) or math.isnan(number):
         raise InvalidParameterError(param, '%s is not greater than 0 and at most 100' % value)
+    if round(number, 1) == 0:
+        # The daemon keeps one decimal (it answers 25.0 to 25): a smaller value would be kept as 0.0.
+        raise InvalidParameterError(param, '%s would be kept as 0.0 by the MPS control daemon, which keeps one decimal: the '
+                                    'smallest percentage it keeps is 0.1' % value)
     return round(number, 1) if round(number, 1) == number else number
+
+
+def less_than_one_sm(percentage: t.Optional[float], gpus: t.Sequence[t.Any], param: str) -> t.List[str]:
+    """A warning for each device whose SM count NVML gives (MIG devices) where ``percentage`` of its SMs is less than one
+    SM, naming the smallest percentage that gives one. That a client gets percentage x SMs / 100 SMs, at least one, is
+    inferred from NVIDIA's MPS documentation [I]; whole GPUs, whose SM count NVML does not give, are not warned about."""
+    if percentage is None:
+        return []
+    warnings = []
+    for gpu in gpus:
+        sms = getattr(gpu, 'multiprocessor_count', None)
+        if sms and percentage * sms / 100 < 1:
+            warnings.append('%s: %s%% of the %d SMs of %s is less than one SM; the smallest percentage that gives one is %s'
+                            % (param, percentage, sms, gpu.label, math.ceil(1000.0 / sms) / 10))
+    return warnings
 
 
 def parse_priority(value: t.Any, param: str = 'client_priority') -> int:
@@ -341,6 +360,14 @@ def replica_warnings(replicas: t.Optional[int], gpus: t.Sequence[t.Any]) -> t.Li
     return found
 
 
+def as_count(value: t.Any, param: str) -> t.Any:
+    """A whole number given as text (``"4"``, as ``-e`` and templates give it) as the number, as a percentage's is;
+    anything else as it is, for the check that follows to refuse."""
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    return value
+
+
 def check_replicas(replicas: t.Any, gpus: t.Sequence[t.Any], param: str = 'replicas',
                    caps: t.Optional[t.Mapping[str, int]] = None) -> int:
     """A replica count every one of ``gpus`` can serve (one MPS client per replica), or a refusal naming ``param``.
@@ -348,6 +375,7 @@ def check_replicas(replicas: t.Any, gpus: t.Sequence[t.Any], param: str = 'repli
     ``caps`` (GPU UUID -> clients) overrides a GPU's own ``max_mps_clients`` (the role takes mps_info's).
     The one check of replicas, for mps_limits and the role's preflight alike.
     """
+    replicas = as_count(replicas, param)
     if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
         raise InvalidParameterError(param, 'must be an integer of at least 1, got %r' % (replicas,))
     for gpu in gpus:

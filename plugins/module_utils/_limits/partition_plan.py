@@ -97,5 +97,5 @@ class PartitionPlan:
         offered, binary = self._offers(SM_PARTITION)
         if offered is False:
             raise InvalidParameterError('sm_partitions', 'the control binary of %s has no static SM partitioning (the help text '
-                                        'of %s lists no %s): it needs CUDA 13.1 (control binary 13010) or later - r580 is '
-                                        '13000 - or leave sm_partitions unset' % (self.paths.name, binary, SM_PARTITION))
+                                        'of %s lists no %s): it needs the control binary of CUDA 13.1 (13010) or later, or '
+                                        'leave sm_partitions unset' % (self.paths.name, binary, SM_PARTITION))

@@ -135,7 +135,9 @@ def resource_paths(root: str, name: str, check_length: bool = True) -> ResourceP
     pipe_dir = os.path.join(resource_dir, 'pipe')
     control_socket = os.path.join(pipe_dir, CONTROL_SOCKET)
     if check_length:
-        check_pipe_dir_length(pipe_dir, 'root')
+        # Blamed on the name where the root alone leaves room for a name of one character, else on the root.
+        fits = len(os.path.join(root, 'x', 'pipe').encode('utf-8')) <= MAX_PIPE_DIR_BYTES
+        check_pipe_dir_length(pipe_dir, 'name' if fits else 'root')
     return ResourcePaths(
         root=root,
         name=name,

@@ -815,7 +815,7 @@ def test_a_binary_without_static_partitioning_is_refused_before_anything_changes
     before = sorted(_daemon_pids(host.root))
     with pytest.raises(InvalidParameterError) as caught:
         host.run([{'name': 'train', 'devices': [0], 'sm_partitions': [4]}])
-    assert caught.value.param == 'sm_partitions' and 'lists no sm_partition' in str(caught.value), caught.value
+    assert caught.value.param == 'resources[train].sm_partitions' and 'lists no sm_partition' in str(caught.value), caught.value
     assert sorted(_daemon_pids(host.root)) == before
     assert decide_guard['decisions']  # the help text was read in the observe stage: the decision raised no I/O
 

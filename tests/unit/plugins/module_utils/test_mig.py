@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import configparser
+import math
 
 import pytest
 
@@ -243,3 +244,19 @@ def test_a_re_created_instance_gets_its_replicas_share_only_when_the_sizes_were_
     explicit = Limits(50.0, {'MIG-other': 3000}, 2)  # a size given explicitly: not a share, never extended
     assert explicit.add_replica_shares([new], [new, other]) == [] and 'MIG-new' not in explicit.pinned_device_mem_limit
     assert Limits(50.0, {}, 2).add_replica_shares([new], [new]) == []
+
+
+def test_a_percentage_under_one_sm_of_a_mig_device_is_warned_naming_the_smallest_that_gives_one(mixed):
+    gpus, _parser = mixed
+    small = gpus[1].mig_devices[2]
+    assert small.multiprocessor_count  # NVML gives a MIG device's SM count
+    smallest = math.ceil(1000.0 / small.multiprocessor_count) / 10
+    warnings = []
+    plan_resources([{'name': 'a', 'devices': ['1:2'], 'active_thread_percentage': smallest - 0.2},
+                    {'name': 'b', 'devices': ['1:1'], 'active_thread_percentage': 50}], gpus, warnings=warnings)
+    assert warnings == ['resources[a].active_thread_percentage: %s%% of the %d SMs of %s is less than one SM; the smallest '
+                        'percentage that gives one is %s' % (round(smallest - 0.2, 1), small.multiprocessor_count, small.label,
+                                                            smallest)]
+    warnings = []
+    plan_resources([{'name': 'a', 'devices': ['1:2'], 'active_thread_percentage': smallest}], gpus, warnings=warnings)
+    assert warnings == []

@@ -58,7 +58,9 @@ class Host:
         path = self.base / ('args-%d.json' % self.runs)
         path.write_text(json.dumps({'ANSIBLE_MODULE_ARGS': dict(args, _ansible_check_mode=check, _ansible_diff=diff)}))
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-        return subprocess.Popen([sys.executable, '-m', MODULES + module, str(path)], env=env,  # pylint: disable=consider-using-with
+        # In the host's own directory, as Ansible runs a module in its temporary directory: a relative path a module
+        # wrongly accepted lands there, never in the checkout.
+        return subprocess.Popen([sys.executable, '-m', MODULES + module, str(path)], env=env, cwd=str(self.base),  # pylint: disable=consider-using-with
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def start(self, resources, check=False, diff=False, **options):
