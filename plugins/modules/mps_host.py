@@ -278,7 +278,7 @@ options:
     type: bool
     default: true
   logrotate_dir:
-    description: The logrotate drop-in directory.
+    description: The logrotate drop-in directory, an absolute path.
     type: path
     default: /etc/logrotate.d
   logrotate_size:
@@ -294,7 +294,7 @@ options:
     type: bool
     default: true
   local_facts_dir:
-    description: Directory of the local facts.
+    description: Directory of the local facts; an absolute path (a relative one is refused).
     type: path
     default: /etc/ansible/facts.d
   metrics_dir:
@@ -304,6 +304,8 @@ options:
         answers, its servers and clients, its limits, and when the check ran, how long it took and why a daemon failed
         it. Debian's prometheus-node-exporter reads C(/var/lib/prometheus/node-exporter).
       - Empty - no metrics; a file an earlier run's health check wrote there is removed.
+      - An absolute path. Refused where no health check would write it - O(supervisor=none), O(health_check=false),
+        O(ready=false), or O(supervisor=auto) on a host without systemd.
     type: path
     default: ''
     version_added: 0.2.0
@@ -325,7 +327,7 @@ options:
     default: false
     version_added: 0.2.0
   slurm_task_prolog:
-    description: Where O(slurm_hook) writes the TaskProlog script (mode 0755); empty - none.
+    description: Where O(slurm_hook) writes the TaskProlog script (mode 0755), an absolute path; empty - none.
     type: path
     default: /etc/slurm/gpufleet-mps-task-prolog.sh
     version_added: 0.2.0

@@ -83,7 +83,8 @@ options:
       - A client's variables can only lower what its server hands out, so a slice never exceeds the daemon's persisted
         limits. MPS applies them per client process, not per container - a container that starts two CUDA processes
         gets two slices.
-      - From 1 to 100.
+      - From 1 to 100, and no more than the MPS clients each of the daemon's GPUs takes (48 from Volta on, 60 with
+        drivers 590 and later; fewer on a MIG device), as O(gpufleet.mps.mps_limits#module:replicas).
     type: int
     version_added: 0.2.0
 notes:
