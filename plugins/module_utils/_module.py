@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 import copy
+import os
+import re
 import shutil
 import typing as t
 
@@ -17,6 +19,10 @@ from ._options import spec
 from ._supervisor.process import require_binary
 
 CONTROL_BINARY = 'nvidia-cuda-mps-control'
+# Set by the fleet role on its mps_host task (``mps_``): a refusal then names the role's variable - mps_root,
+# mps_resources[train].replicas - instead of the module option the role passed it as.
+OPTION_PREFIX_VAR = 'GPUFLEET_MPS_OPTION_PREFIX'
+PREFIXABLE = re.compile(r'^[a-z][a-z_]*(\[|\.|$)')
 
 
 def common_argument_spec() -> t.Dict[str, t.Any]:
@@ -48,11 +54,16 @@ def entry_error(argument_spec: t.Mapping[str, t.Any], params: t.Mapping[str, t.A
     for option, option_spec in argument_spec.items():
         sub = option_spec.get('options')
         entries = params.get(option)
-        if not sub or option_spec.get('type') != 'list' or option_spec.get('elements') != 'dict' or not isinstance(entries, list):
+        if not sub or option_spec.get('type') != 'list' or option_spec.get('elements') != 'dict' or entries is None:
             continue
+        if not isinstance(entries, list):
+            # AnsibleModule's words name a Python class ("<class 'dict'> cannot be converted to a list").
+            return option, 'must be a list of mappings, one per entry; got %s' % _kind(entries)
         for number, entry in enumerate(entries):
             if not isinstance(entry, dict):
-                continue  # AnsibleModule's own message says that an entry is not a mapping
+                # AnsibleModule's: "dictionary requested, could not parse JSON or key=value", naming no entry.
+                return '%s[%d]' % (option, number), 'must be a mapping (name: ..., and its other keys); got %s %r' % (
+                    _kind(entry), entry)
             name = entry.get('name')
             label = '%s[%s]' % (option, name if isinstance(name, str) and name else number)
             unknown = sorted(str(key) for key in entry if key not in sub)
@@ -63,6 +74,19 @@ def entry_error(argument_spec: t.Mapping[str, t.Any], params: t.Mapping[str, t.A
                 if result.error_messages:
                     return '%s.%s' % (label, key), result.error_messages[0]
     return None
+
+
+def _kind(value: t.Any) -> str:
+    """What a value is, in the words of YAML rather than of Python."""
+    if isinstance(value, dict):
+        return 'a mapping'
+    if isinstance(value, (list, tuple)):
+        return 'a list'
+    if isinstance(value, bool):
+        return 'a boolean'
+    if isinstance(value, (int, float)):
+        return 'a number'
+    return 'a string' if isinstance(value, str) else 'a %s' % type(value).__name__
 
 
 class _Module(AnsibleModule):
@@ -76,11 +100,18 @@ class _Module(AnsibleModule):
         self._raw_params = copy.deepcopy(self.params)  # validation converts self.params in place before it fails
 
     def fail_json(self, msg: str, **kwargs: t.Any) -> t.NoReturn:  # type: ignore[override]
-        if not self._validated and self._raw_params is not None and ('found in' in msg or msg.startswith('Unsupported parameters')):
+        if not self._validated and self._raw_params is not None:
             found = entry_error(self.argument_spec, self._raw_params)
             if found is not None:
                 kwargs.setdefault('param', found[0])
                 msg = '%s: %s' % found
+        param = kwargs.get('param')
+        prefix = os.environ.get(OPTION_PREFIX_VAR, '')
+        if prefix and isinstance(param, str) and PREFIXABLE.match(param):
+            # Run by the fleet role, whose variables are mps_<option>: the refusal names the variable the user wrote.
+            kwargs['param'] = prefix + param
+            if msg.startswith(param + ': '):
+                msg = prefix + msg
         super().fail_json(msg, **kwargs)
 
 

@@ -110,3 +110,25 @@ def test_a_bad_host_option_is_blamed_on_itself(host, param, value, words):
     result = host.run(TRAIN, **{param: value})
     refused(result, param, *words)
     assert created(host) == []
+
+
+@pytest.mark.parametrize('resources,param,words', [
+    (['train'], 'resources[0]', ["must be a mapping", "'train'"]),
+    ([{'name': 'a', 'devices': [0]}, 3], 'resources[1]', ['must be a mapping', 'a number 3']),
+    ({'name': 'train'}, 'resources', ['must be a list of mappings', 'got a mapping']),
+], ids=['string', 'number', 'mapping'])
+def test_a_resource_list_of_the_wrong_shape_names_the_entry_in_yaml_words(host, resources, param, words):
+    result = host.run(resources)
+    refused(result, param, *words)
+    assert 'dictionary requested' not in result['msg'] and 'convert' not in result['msg']
+    assert created(host) == []
+
+
+def test_run_by_the_role_a_refusal_names_the_roles_variable(host, monkeypatch):
+    # The fleet role's mps_host task sets GPUFLEET_MPS_OPTION_PREFIX=mps_ (roles/fleet/tasks/host.yml).
+    monkeypatch.setenv('GPUFLEET_MPS_OPTION_PREFIX', 'mps_')
+    refused(host.run(TRAIN, logrotate_rotate=-1), 'mps_logrotate_rotate', 'at least 0')
+    refused(host.run([{'name': 'train', 'devices': [0], 'replicas': 'four'}]), 'mps_resources[train].replicas', "'four'")
+    refused(host.run(['train']), 'mps_resources[0]', 'must be a mapping')
+    monkeypatch.delenv('GPUFLEET_MPS_OPTION_PREFIX')
+    refused(host.run(TRAIN, logrotate_rotate=-1), 'logrotate_rotate', 'at least 0')
