@@ -42,11 +42,27 @@ OPTIONS: t.Dict[str, t.Dict[str, t.Any]] = {
     'remove_logs': dict(type='bool', default=False),
     'devices': dict(type='raw', default='all'),
     'multiuser': dict(type='bool', default=False),
-    # raw, parsed by _limits.model with its own messages: "50" from a template is 50, and "20 GB" is refused naming the
-    # forms, the same in mps_limits and in mps_host's resources.
+    # raw, parsed by _limits.model with its own messages: "50" from a template is 50, "4" replicas are 4, and "20 GB" is
+    # refused naming the forms - the same in mps_limits and in mps_host's resources (and the role's preflight).
     'active_thread_percentage': dict(type='raw'),
     'pinned_device_mem_limit': dict(type='raw'),
+    'replicas': dict(type='raw'),
+    'oversubscribe': dict(type='bool', default=False),
+    'client_priority': dict(type='str'),
+    'sm_partitions': dict(type='list', elements='int'),
 }
+# The keys of one entry of mps_host's resources (and of the fleet role's mps_resources): the entry's own name, then the
+# options mps_daemon and mps_limits take for one resource, declared above.
+RESOURCE_KEYS = ('name', 'devices', 'multiuser', 'replicas', 'active_thread_percentage', 'pinned_device_mem_limit', 'oversubscribe',
+                 'client_priority', 'sm_partitions')
+# How mps_host and the fleet role pass a daemon's options to every resource: the options mps_daemon and mps_host share.
+DAEMON_OPTIONS = ('compute_mode', 'supervisor', 'start_timeout', 'stop_timeout', 'busy', 'busy_timeout', 'log_mode', 'shm',
+                  'foreground', 'unit_before', 'unit_after', 'remove_logs', 'container_root', 'selinux_type')
+
+
+def resource_spec() -> t.Dict[str, t.Dict[str, t.Any]]:
+    """The argument spec of one entry of mps_host's ``resources``: its name, and the per-resource options above."""
+    return spec(*RESOURCE_KEYS[1:], name=dict(type='str', required=True))
 
 
 def spec(*names: str, **own: t.Dict[str, t.Any]) -> t.Dict[str, t.Dict[str, t.Any]]:

@@ -30,6 +30,11 @@ description:
     never killed.
 extends_documentation_fragment:
   - gpufleet.mps._common
+  - gpufleet.mps._common.root
+  - gpufleet.mps._common.name
+  - gpufleet.mps._common.daemon
+  - gpufleet.mps._common.container_root
+  - gpufleet.mps._common.selinux
 attributes:
   check_mode:
     description: Reports what would change without touching GPUs, files or processes.
@@ -57,37 +62,6 @@ options:
     type: str
     choices: [started, stopped, restarted, absent]
     default: started
-  busy:
-    description:
-      - What to do when the daemon must stop - a restart (a change of O(devices), O(multiuser), O(shm), O(supervisor), of
-        the values its systemd environment file starts it with, or O(state=restarted)), O(state=stopped) or
-        O(state=absent) - while clients are connected to its servers. The clients are read from the daemon
-        (C(get_server_list), C(get_client_list)), in the same run, before anything is changed.
-      - V(refuse) fails the task before anything is done, naming each client's pid, uid and server, and leaves the
-        daemon and its clients alone. Check mode fails the same way, so a preview shows which jobs a change would end.
-      - V(wait) waits up to O(busy_timeout) seconds for the clients to leave, then goes on; if they have not left, the
-        task fails and nothing is stopped.
-      - V(terminate) goes on at once; C(quit -t) O(stop_timeout) then ends the servers of the clients still connected,
-        so their GPU work is gone while their processes live on (as a real r580 driver did on an H200). The clients
-        are named in a warning and in RV(clients).
-      - A daemon with no client is stopped or restarted at once, whatever this option says.
-    type: str
-    choices: [refuse, wait, terminate]
-    default: refuse
-    version_added: 0.2.0
-  busy_timeout:
-    description:
-      - With O(busy=wait), how many seconds to wait for the connected clients to leave.
-    type: int
-    default: 600
-    version_added: 0.2.0
-  remove_logs:
-    description:
-      - With O(state=absent), also remove the daemon's C(control.log) and C(server.log), and the log directory when it
-        is empty then.
-    type: bool
-    default: false
-    version_added: 0.2.0
   devices:
     description:
       - The GPUs of this resource - V(all), or a list of GPU indices, UUIDs (C(GPU-...)) or unique UUID prefixes, as
@@ -101,26 +75,6 @@ options:
         mode; the GPUs in MIG mode it leaves out are named in a warning.
     type: raw
     default: all
-  compute_mode:
-    description:
-      - Compute mode set on the resource's GPUs before the daemon starts. NVIDIA recommends V(exclusive_process) under
-        MPS, so that only the MPS server holds the GPU. V(unchanged) leaves the mode alone, also on stop.
-      - The compute mode resets to DEFAULT at reboot; a run finds and repairs that without restarting the daemon.
-      - NVML has no compute mode for a MIG device (nor for a GPU in MIG mode). On a MIG device this option is not
-        applied, which RV(notes) and the diff say - the task does not fail.
-    type: str
-    choices: [exclusive_process, default, unchanged]
-    default: exclusive_process
-  selinux_type:
-    description:
-      - Where SELinux is enabled, the SELinux type the pipe directory gets (only the type of its context changes), so
-        that MPS clients in containers may connect on an enforcing host - NVIDIA's device plugin labels it the same.
-        Sockets the daemon creates there inherit it. Repaired when it drifted (a C(restorecon)), without a restart.
-        Under O(supervisor=systemd) the unit sets it too (C(chcon -t)) each time it creates the directory, at boot.
-      - An empty string leaves SELinux labels alone. A host without SELinux is never touched.
-    type: str
-    default: container_file_t
-    version_added: 0.2.0
   multiuser:
     description:
       - Start the daemon with C(-multiuser-server) - one server shared by clients of every user.
@@ -128,94 +82,12 @@ options:
         the driver starts C(-multiuser-server) there, but clients that are not root then fail to connect.
     type: bool
     default: false
-  supervisor:
-    description:
-      - Who keeps the daemon running. V(systemd) runs it as C(gpufleet-mps@<instance>.service), which sets the compute
-        mode before start, replays the persisted limits after every start, stops it with C(quit -t) and restarts it on
-        failure. V(none) starts it directly (containers, CI, hosts without systemd).
-      - V(auto) is V(systemd) when systemd is PID 1, else V(none).
-    type: str
-    choices: [auto, systemd, none]
-    default: auto
   enabled:
     description:
       - With O(supervisor=systemd), whether the unit starts at boot. With O(state=stopped), V(false) disables the unit
         and V(true) leaves its boot setting alone.
     type: bool
     default: true
-  shm:
-    description:
-      - Run the daemon - and so every MPS server it starts - with C(<root>/shm) as its C(/dev/shm), in a private mount
-        namespace (with O(supervisor=systemd) through a per-instance drop-in with C(BindPaths=), else with
-        C(unshare --mount)). An MPS client and its server share memory through C(/dev/shm), so container clients
-        then mount C(<root>/shm) as their C(/dev/shm) (see RV(container)), as with NVIDIA's device plugin. Mount the
-        tmpfs first with M(gpufleet.mps.mps_shm).
-      - With V(false) the daemon uses the host's C(/dev/shm); a container client then needs the host's too (C(--ipc=host)
-        or a bind mount of C(/dev/shm)).
-      - Changing it restarts the daemon; so does finding C(<root>/shm) mounted anew (unmounted and mounted again, not
-        resized) under a running daemon that uses it.
-    type: bool
-    default: false
-    version_added: 0.2.0
-  foreground:
-    description:
-      - With O(supervisor=systemd), run the control daemon in the foreground (C(nvidia-cuda-mps-control -f), C(Type=exec)
-        through a per-instance drop-in) instead of detached (C(-d), C(Type=forking)). What it logs then goes to its
-        stdout, which systemd sends to the journal (C(journalctl -u gpufleet-mps@<instance>)); systemd watches the
-        daemon process itself, without a pid file. The limits are replayed once the daemon answers, as with C(-d).
-      - Refused with O(supervisor=none) (a daemon the module starts itself must detach). Changing it restarts the daemon.
-    type: bool
-    default: false
-    version_added: 0.2.0
-  unit_before:
-    description:
-      - With O(supervisor=systemd), systemd units the daemon's unit is ordered before, for example C(slurmd.service),
-        C(kubelet.service) or C(ecs.service). A per-instance drop-in (C(gpufleet-order.conf)) gets C(Before=) with them, so
-        that when both start (at boot), they start once the daemon answers (C(Type=forking) returns then).
-      - Ordering only - it pulls none of them in, does not stop them when the daemon fails, and a unit that is not installed
-        is ignored. Whole names with their type; each once; not this collection's own units. Changing it rewrites the
-        drop-in and reloads systemd, without a restart of the daemon.
-      - Refused with O(supervisor=none), since nothing orders a daemon the module starts itself.
-    type: list
-    elements: str
-    default: []
-    version_added: 0.2.0
-  unit_after:
-    description:
-      - With O(supervisor=systemd), systemd units the daemon's unit is ordered after (C(After=) in the same drop-in), for
-        example a driver or storage unit it needs first. The unit already starts after C(nvidia-persistenced.service).
-      - As with O(unit_before) - ordering only, whole names, refused with O(supervisor=none); a unit may not be in both.
-    type: list
-    elements: str
-    default: []
-    version_added: 0.2.0
-  container_root:
-    description:
-      - The directory under which containers see the resources' pipe directories (the device plugin's C(ContainerRoot)),
-        used only to compute RV(container).
-    type: path
-    default: /mps
-    version_added: 0.2.0
-  log_mode:
-    description:
-      - Mode of the log directory C(<root>/<name>/log). C(control.log) records every client's pid and user and every
-        control command, so by default only root can read it.
-      - An octal string with all owner bits and no write bit for group and others - V(0700), V(0750) (root and the
-        directory's group) or V(0755) (every user, as NVIDIA's device plugin has it). An existing directory is
-        changed in place, without a restart.
-    type: raw
-    default: '0700'
-    version_added: 0.2.0
-  start_timeout:
-    description:
-      - Seconds to wait for the daemon to start answering, and for any control UI answer.
-    type: int
-    default: 30
-  stop_timeout:
-    description:
-      - Seconds passed to C(quit -t) - after them the daemon forcibly ends the servers and clients still running.
-    type: int
-    default: 30
 notes:
   - Needs root to change compute modes and to write under the default directories.
   - Clients reach the daemon with the returned RV(env). A parent of the pipe directory that other users cannot
@@ -396,14 +268,12 @@ actions:
 from ansible_collections.gpufleet.mps.plugins.module_utils._daemon.manager import DaemonSetup
 from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import ENUMERATION_WARNING, Nvml
 from ansible_collections.gpufleet.mps.plugins.module_utils._module import control_binary, finish, run_module
-from ansible_collections.gpufleet.mps.plugins.module_utils._options import spec
+from ansible_collections.gpufleet.mps.plugins.module_utils._options import DAEMON_OPTIONS, spec
 
 
 def argument_spec():
     return spec(
-        'root', 'config_dir', 'control_binary', 'remove_logs', 'busy', 'busy_timeout', 'devices', 'compute_mode', 'multiuser',
-        'supervisor', 'start_timeout', 'stop_timeout', 'log_mode', 'shm', 'foreground', 'container_root', 'selinux_type',
-        'unit_before', 'unit_after',
+        'root', 'config_dir', 'control_binary', 'devices', 'multiuser', *DAEMON_OPTIONS,
         name=dict(type='str', required=True),
         state=dict(type='str', choices=['started', 'stopped', 'restarted', 'absent'], default='started'),
         enabled=dict(type='bool', default=True),

@@ -46,6 +46,13 @@ attributes:
   idempotent:
     description: A second run with the same options changes nothing.
     support: full
+extends_documentation_fragment:
+  - gpufleet.mps._common
+  - gpufleet.mps._common.root
+  - gpufleet.mps._common.daemon
+  - gpufleet.mps._common.container_root
+  - gpufleet.mps._common.selinux
+  - gpufleet.mps._common.running_servers
 options:
   state:
     description:
@@ -71,59 +78,40 @@ options:
         required: true
       devices:
         description:
-          - V(all) (every GPU of the host not in MIG mode; a warning names the GPUs in MIG mode it leaves out), or a list
-            of GPU indices, UUIDs or unique UUID prefixes, in the daemon's ordinal order.
-          - Or one MIG device - C(<gpu index>:<mig index>) as C(nvidia-smi -L) lists them, C(MIG-<uuid>) or the legacy
-            C(MIG-GPU-<uuid>/<gi>/<ci>) - as the resource's only device (one daemon per MIG device). A whole GPU in MIG
-            mode is refused, the message listing its MIG devices. No compute mode is set on a MIG device (NVML has
-            none); RV(resources) C(notes) says so. See M(gpufleet.mps.mps_daemon) O(gpufleet.mps.mps_daemon#module:devices).
+          - As O(gpufleet.mps.mps_daemon#module:devices) - the resource's GPUs, or its one MIG device.
+          - V(all) takes every GPU of the host not in MIG mode; a warning names the GPUs in MIG mode it leaves out.
         type: raw
         default: all
       multiuser:
-        description: One server shared by every user (C(-multiuser-server)); needs compute capability 7.0 or newer.
+        description: As O(gpufleet.mps.mps_daemon#module:multiuser).
         type: bool
         default: false
       replicas:
         description:
-          - Clients per GPU - thread percentage C(100 // replicas) and pinned memory C(total_MiB // replicas) per GPU -
-            as a number, or a mapping from GPU model as NVML names it (glob patterns allowed, matched in order) to a
-            number, with a V(default) entry, so one list serves a mixed fleet. Explicit limits override it.
-          - For a MIG device the memory is the instance's own, the percentage is of the instance's SMs, and a key
-            matches its MIG profile (C(1g.10gb), C(3g.40gb), a glob) or its full NVML name. The count may not exceed
-            the instance's client cap - the GPU's, lowered in proportion to the compute instance's slices.
+          - As O(gpufleet.mps.mps_limits#module:replicas), or a mapping from GPU model as NVML names it (glob patterns
+            allowed, matched in order) to a number, with a V(default) entry, so one list serves a mixed fleet.
+          - A MIG device matches a key by its MIG profile (C(1g.10gb), C(3g.40gb), a glob) or its full NVML name.
         type: raw
       active_thread_percentage:
-        description: Default active thread percentage, greater than 0 and at most 100. Not given - 100.
+        description: As O(gpufleet.mps.mps_limits#module:active_thread_percentage). Not given - 100.
         type: raw
       pinned_device_mem_limit:
-        description:
-          - Default pinned device memory limit, one size for every GPU of the resource or a mapping from GPU index or
-            UUID to a size, in the units V(M), V(MiB), V(G), V(GiB) (binary; V(GB) and V(MB) are refused as ambiguous), at
-            most the GPU's memory. Not given - none.
-          - With O(resources[].replicas), it may not exceed C(total_MiB // replicas) of any of the resource's GPUs - the
-            replicas together would pin more than the GPU holds - unless O(resources[].oversubscribe=true).
+        description: As O(gpufleet.mps.mps_limits#module:pinned_device_mem_limit). Not given - none.
         type: raw
       oversubscribe:
-        description:
-          - Allow an explicit O(resources[].pinned_device_mem_limit) that, times O(resources[].replicas), is more than a
-            GPU's memory (see M(gpufleet.mps.mps_limits)'s O(gpufleet.mps.mps_limits#module:oversubscribe)).
+        description: As O(gpufleet.mps.mps_limits#module:oversubscribe).
         type: bool
         default: false
         version_added: 0.2.0
       client_priority:
-        description:
-          - The default client priority of the resource's servers, V(normal) or V(below_normal) (V(0) or V(1)); see
-            M(gpufleet.mps.mps_limits)'s O(gpufleet.mps.mps_limits#module:client_priority). Not given - normal.
-          - Refused before anything changes where the control binary has no client priority.
+        description: As O(gpufleet.mps.mps_limits#module:client_priority). Not given - normal.
         type: str
         version_added: 0.2.0
       sm_partitions:
         description:
-          - Static SM partitions, in chunks, that each of the resource's GPUs gets (CUDA 13.1 and later, Ampere and newer);
-            see M(gpufleet.mps.mps_limits)'s O(gpufleet.mps.mps_limits#module:sm_partitions). The daemon then runs with
-            C(-S); one started without it is restarted (under O(busy)), and one whose list became empty is restarted
-            without it. A partition of a listed size is kept, others are created and removed in place - one with
-            clients is refused, before anything changes. Not given - none.
+          - As O(gpufleet.mps.mps_limits#module:sm_partitions). Not given - none.
+          - A partition of a listed size is kept, others are created and removed in place - one with clients is refused,
+            before anything changes.
         type: list
         elements: int
         version_added: 0.2.0
@@ -139,64 +127,6 @@ options:
     description: Fail a host without a usable NVIDIA GPU instead of leaving it alone with RV(managed=false).
     type: bool
     default: false
-  root:
-    description:
-      - Absolute directory under which every resource has its directories, laid out like NVIDIA's device plugin.
-        C(<root>/<name>/pipe) must be at most 87 bytes long.
-    type: path
-    default: /run/nvidia/mps
-  config_dir:
-    description: Absolute directory for what must survive a reboot - environment files and persisted limits.
-    type: path
-    default: /etc/gpufleet-mps
-  control_binary:
-    description: Absolute path of C(nvidia-cuda-mps-control). Found on E(PATH) when not given.
-    type: path
-  compute_mode:
-    description: As M(gpufleet.mps.mps_daemon)'s O(gpufleet.mps.mps_daemon#module:compute_mode), for every resource.
-    type: str
-    choices: [exclusive_process, default, unchanged]
-    default: exclusive_process
-  supervisor:
-    description: As M(gpufleet.mps.mps_daemon)'s O(gpufleet.mps.mps_daemon#module:supervisor), for every resource.
-    type: str
-    choices: [auto, systemd, none]
-    default: auto
-  log_mode:
-    description: Mode of every resource's log directory (V(0700), V(0750) or V(0755)).
-    type: raw
-    default: '0700'
-  shm:
-    description:
-      - Mount the shared tmpfs at C(<root>/shm) (O(shm_size), O(shm_persist)) and start every daemon with it as its
-        C(/dev/shm), for container clients.
-    type: bool
-    default: false
-  foreground:
-    description:
-      - With systemd supervising, every daemon in the foreground, its log in the journal (see M(gpufleet.mps.mps_daemon)'s
-        O(gpufleet.mps.mps_daemon#module:foreground)). Refused when the daemons run without systemd.
-    type: bool
-    default: false
-  unit_before:
-    description:
-      - With systemd supervising, units every daemon's unit is ordered before (C(Before=) in a per-instance drop-in), for
-        example C(slurmd.service) or C(kubelet.service), so that at boot they start once the daemons answer. See
-        M(gpufleet.mps.mps_daemon)'s O(gpufleet.mps.mps_daemon#module:unit_before). Refused when the daemons run without
-        systemd.
-    type: list
-    elements: str
-    default: []
-    version_added: 0.2.0
-  unit_after:
-    description:
-      - With systemd supervising, units every daemon's unit is ordered after (C(After=)), for example a driver unit. See
-        M(gpufleet.mps.mps_daemon)'s O(gpufleet.mps.mps_daemon#module:unit_after). Refused when the daemons run without
-        systemd.
-    type: list
-    elements: str
-    default: []
-    version_added: 0.2.0
   shm_size:
     description: The tmpfs size - a percentage of RAM (V(50%)) or a size (V(16G)).
     type: str
@@ -206,30 +136,6 @@ options:
     type: str
     choices: [auto, systemd, fstab, none]
     default: auto
-  container_root:
-    description: Where containers see the pipe directories (the C(container) view of each of RV(resources)).
-    type: path
-    default: /mps
-  start_timeout:
-    description: Seconds a daemon may take to answer after its start.
-    type: int
-    default: 30
-  stop_timeout:
-    description: Seconds servers get to exit at a stop before they are forced.
-    type: int
-    default: 30
-  busy:
-    description:
-      - A daemon that must stop (a restart for a change, a removed resource, the teardown) with clients connected -
-        V(refuse) fails the run before anything is changed and ends no job, V(wait) waits up to O(busy_timeout)
-        seconds for them to leave, V(terminate) ends their servers (the client processes live on, their GPU work is gone).
-    type: str
-    choices: [refuse, wait, terminate]
-    default: refuse
-  busy_timeout:
-    description: Seconds O(busy=wait) waits.
-    type: int
-    default: 600
   orphans:
     description:
       - An orphaned daemon is an MPS control daemon of O(root) that its pipe directory no longer leads to - the directory
@@ -244,23 +150,6 @@ options:
     type: str
     choices: [refuse, stop]
     default: refuse
-  running_servers:
-    description:
-      - MPS servers already running keep the limits they started with, and the clients that connect to them later get
-        those, not new defaults - even an idle server that has outlived its clients.
-      - V(ignore) lists such servers in each resource's C(limits.pending) and warns. V(update) sets their own limits too,
-        which reaches the clients they get from then on; a running client's limits never change.
-    type: str
-    choices: [ignore, update]
-    default: ignore
-  selinux_type:
-    description: SELinux type of every pipe directory and of the shared tmpfs where SELinux is enabled; empty leaves labels alone.
-    type: str
-    default: container_file_t
-  remove_logs:
-    description: With O(state=absent), remove the log directories too (and O(root) when nothing else is left in it).
-    type: bool
-    default: false
   health_check:
     description: Where systemd supervises the daemons, a timer that re-checks every daemon and writes or removes C(<root>/.ready).
     type: bool
@@ -478,26 +367,14 @@ from ansible_collections.gpufleet.mps.plugins.module_utils._errors import MpsErr
 from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import ENUMERATION_WARNING, Nvml
 from ansible_collections.gpufleet.mps.plugins.module_utils._host.manager import HostManager
 from ansible_collections.gpufleet.mps.plugins.module_utils._module import control_binary, run_module
-from ansible_collections.gpufleet.mps.plugins.module_utils._options import spec
-
-# The options mps_daemon, mps_limits and the role share, declared once in _options.py.
-SHARED = ('root', 'config_dir', 'control_binary', 'compute_mode', 'supervisor', 'log_mode', 'shm', 'foreground', 'container_root',
-          'start_timeout', 'stop_timeout', 'busy', 'busy_timeout', 'running_servers', 'selinux_type', 'remove_logs', 'unit_before',
-          'unit_after')
+from ansible_collections.gpufleet.mps.plugins.module_utils._options import DAEMON_OPTIONS, resource_spec, spec
 
 
 def argument_spec():
     return spec(
-        *SHARED,
+        'root', 'config_dir', 'control_binary', 'running_servers', *DAEMON_OPTIONS,
         state=dict(type='str', choices=['present', 'absent'], default='present'),
-        resources=dict(type='list', elements='dict', default=[], options=spec(
-            'devices', 'multiuser', 'active_thread_percentage', 'pinned_device_mem_limit',
-            name=dict(type='str', required=True),
-            replicas=dict(type='raw'),
-            oversubscribe=dict(type='bool', default=False),
-            client_priority=dict(type='str'),
-            sm_partitions=dict(type='list', elements='int'),
-        )),
+        resources=dict(type='list', elements='dict', default=[], options=resource_spec()),
         prune=dict(type='bool', default=True),
         orphans=dict(type='str', choices=['refuse', 'stop'], default='refuse'),
         ready=dict(type='bool', default=True),

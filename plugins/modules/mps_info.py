@@ -28,6 +28,10 @@ attributes:
   idempotent:
     description: Reading facts changes nothing.
     support: full
+extends_documentation_fragment:
+  - gpufleet.mps._common
+  - gpufleet.mps._common.root
+  - gpufleet.mps._common.container_root
 options:
   name:
     description:
@@ -35,23 +39,6 @@ options:
         resource under O(root) is reported.
       - A resource whose daemon is stopped and left nothing behind is not reported.
     type: str
-  root:
-    description:
-      - Absolute directory under which every resource has its directories (C(<root>/<name>/pipe),
-        C(<root>/<name>/log), C(<root>/<name>/.started)), laid out like NVIDIA's Kubernetes device plugin.
-    type: path
-    default: /run/nvidia/mps
-  config_dir:
-    description:
-      - Absolute directory where the limits of each resource are persisted (by gpufleet.mps.mps_limits), compared
-        with what the daemons report.
-    type: path
-    default: /etc/gpufleet-mps
-  control_binary:
-    description:
-      - Absolute path of C(nvidia-cuda-mps-control). Found on E(PATH) when not given; when it is not installed,
-        running daemons are listed from their files but cannot be asked anything.
-    type: path
   gather:
     description:
       - What to report. V(gpus) is RV(gpus); V(daemons) is RV(daemons) without their servers; V(servers) adds each
@@ -66,13 +53,6 @@ options:
       - Seconds to wait for each daemon's answer.
     type: int
     default: 10
-  container_root:
-    description:
-      - The directory under which containers see the pipe directories (the device plugin's C(ContainerRoot)), used
-        only to compute RV(daemons[].container).
-    type: path
-    default: /mps
-    version_added: 0.2.0
   slices:
     description:
       - Add to each daemon's RV(daemons[].container) a C(slice) - the environment one of this many clients (containers,

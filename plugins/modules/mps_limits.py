@@ -29,6 +29,9 @@ description:
     100; a pinned memory limit dropped with a restart of the daemon, as MPS has no command to unset one).
 extends_documentation_fragment:
   - gpufleet.mps._common
+  - gpufleet.mps._common.root
+  - gpufleet.mps._common.name
+  - gpufleet.mps._common.running_servers
 attributes:
   check_mode:
     description: Reads the daemon, reports the commands it would send and the record it would write, changes nothing.
@@ -75,7 +78,9 @@ options:
         instance's slices (a 1g device of an H100 takes 6).
         Before the first start of a new resource (its GPUs not known yet) it is refused only when no GPU of the host
         takes that many.
-    type: int
+      - A whole number; given as text (V("4"), as C(-e) and templates give it) it is the number. M(gpufleet.mps.mps_host)'s
+        resources also take a mapping from GPU model to a number here; this module takes one number.
+    type: raw
   oversubscribe:
     description:
       - With O(replicas) and an explicit O(pinned_device_mem_limit), each of the replicas may pin that much. A limit that,
@@ -118,20 +123,17 @@ options:
     type: list
     elements: int
     version_added: 0.2.0
-  running_servers:
+  record:
     description:
-      - Servers already running keep the limits they started with; new defaults only reach servers started later.
-      - V(ignore) lists such servers in RV(pending). V(update) sets their own limits too - which affects their new
-        clients only; a running client's limits never change.
-    type: str
-    choices: [ignore, update]
-    default: ignore
-  persist:
-    description:
-      - Persist the wanted limits so that every start of the daemon replays them. Without it they last until the next
+      - Write the wanted limits into the resource's record (C(<config_dir>/<instance>.limits.json), the files every start
+        replays rendered from it), so that every start of the daemon replays them. Without it they last until the next
         restart, and the lossy read-back can hide a small change (V(3840M) to V(3900M)).
+      - Named C(persist) in 0.1.0; that name is deprecated (M(gpufleet.mps.mps_shm)'s O(gpufleet.mps.mps_shm#module:persist)
+        means how a mount comes back at boot).
     type: bool
     default: true
+    aliases: [persist]
+    version_added: 0.2.0
   create:
     description:
       - Persist limits for a resource that has no daemon and no persisted limits yet, so that its first start already
@@ -283,12 +285,10 @@ from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.process i
 def argument_spec():
     return spec(
         'root', 'config_dir', 'control_binary', 'running_servers', 'active_thread_percentage', 'pinned_device_mem_limit',
+        'replicas', 'oversubscribe', 'client_priority', 'sm_partitions',
         name=dict(type='str', required=True),
-        replicas=dict(type='int'),
-        oversubscribe=dict(type='bool', default=False),
-        client_priority=dict(type='str'),
-        sm_partitions=dict(type='list', elements='int'),
-        persist=dict(type='bool', default=True),
+        record=dict(type='bool', default=True, aliases=['persist'],
+                    deprecated_aliases=[dict(name='persist', version='1.0.0', collection_name='gpufleet.mps')]),
         create=dict(type='bool', default=False),
         timeout=dict(type='int', default=30),
     )
@@ -313,7 +313,7 @@ def run(module):
         manager.client_priority = params['client_priority']
         manager.sm_partitions = params['sm_partitions']
         outcome = manager.ensure(params['active_thread_percentage'], params['pinned_device_mem_limit'], params['replicas'],
-                                 params['running_servers'], params['persist'], params['create'])
+                                 params['running_servers'], params['record'], params['create'])
         if nvml.enumeration_var_was_set:
             outcome.warnings.append(ENUMERATION_WARNING)
     return finish(

@@ -26,12 +26,10 @@ attributes:
   idempotent:
     description: A second run with the same options changes nothing.
     support: full
+extends_documentation_fragment:
+  - gpufleet.mps._common.root
+  - gpufleet.mps._common.selinux
 options:
-  root:
-    description:
-      - The root directory of the MPS resources; the tmpfs is mounted on C(<root>/shm).
-    type: path
-    default: /run/nvidia/mps
   state:
     description:
       - V(mounted) mounts the tmpfs (or remounts it with the wanted size and flags) and persists it as O(persist) says.
@@ -65,17 +63,6 @@ options:
       - The fstab file used by O(persist=fstab) (and cleaned of this mount point otherwise).
     type: path
     default: /etc/fstab
-  selinux_type:
-    description:
-      - Where SELinux is enabled, the SELinux type given to the tmpfs root once it is mounted (only the type; user, role and
-        level stay), so that container clients which mount it as their C(/dev/shm) may use it, as NVIDIA's device plugin
-        labels its MPS directories. Empty leaves labels alone. A host without SELinux is never touched.
-      - A tmpfs comes back unlabelled at boot; the daemons' systemd units (M(gpufleet.mps.mps_daemon) with
-        O(gpufleet.mps.mps_daemon#module:shm=true)) label it again before they start, with their own
-        O(gpufleet.mps.mps_daemon#module:selinux_type).
-    type: str
-    default: container_file_t
-    version_added: 0.2.0
 notes:
   - Needs root (mount, umount, C(/etc)).
   - Uses C(mount) and C(umount) from util-linux.

@@ -37,6 +37,7 @@ from .._gpus import Gpu, Nvml
 from .._io import refuse_unsafe_dirs, remove, rmdir_if_empty
 from .._limits.manager import LimitsManager
 from .._observe.view import HostView
+from .._options import RESOURCE_KEYS
 from .._outcome import Outcome
 from .._resource.layout import validate_root
 from .._resource.lock import HostLock
@@ -46,7 +47,7 @@ from .around import READY_FILE, Around
 from .decide import decide_ready, order_steps
 from .facts import facts_text, local_facts
 from .observe import observe
-from .plan import RESOURCE_KEYS, ResourcePlan, plan_resources
+from .plan import ResourcePlan, plan_resources
 from .result import planned_resource, resource_result
 
 __all__ = ['HostManager', 'HostOutcome', 'READY_FILE']

@@ -18,14 +18,12 @@ from ansible.module_utils.parsing.convert_bool import BOOLEANS_FALSE, BOOLEANS_T
 from .._errors import DeviceSelectionError, InvalidParameterError
 from .._gpus import VOLTA_CC, Gpu
 from .._limits.partitions import check_partition_gpus, parse_partitions
+from .._options import RESOURCE_KEYS
 from .._limits.model import (
     as_count, check_fits, check_replicas, check_shares_fit, less_than_one_sm, parse_mem_limit, parse_percentage, parse_priority,
     parse_size)
 from .._resource.layout import validate_name
 from .._selectors import resolve_devices
-
-RESOURCE_KEYS = ('name', 'devices', 'multiuser', 'replicas', 'active_thread_percentage', 'pinned_device_mem_limit', 'oversubscribe',
-                 'client_priority', 'sm_partitions')
 
 
 @dataclass
@@ -136,8 +134,8 @@ def plan_resources(resources: t.Any, gpus: t.Sequence[Gpu], param: str = 'resour
             share = plan.limits.get('active_thread_percentage')
             if share is None and replicas:
                 share = float(100 // replicas)  # as _limits.manager derives it
-            warnings.extend(less_than_one_sm(share, chosen, where + ('.active_thread_percentage' if 'active_thread_percentage' in plan.limits
-                                                                      else '.replicas')))
+            key = '.active_thread_percentage' if 'active_thread_percentage' in plan.limits else '.replicas'
+            warnings.extend(less_than_one_sm(share, chosen, where + key))
         plans.append(plan)
     return plans
 

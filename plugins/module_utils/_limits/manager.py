@@ -198,7 +198,9 @@ class LimitsManager(LimitsObserve, PriorityCheck, PartitionPlan):
                         previous.client_priority, previous.sm_partitions)
         unknown = not self.scope_known and bool(scope)
         if replicas is not None:
-            limits.replicas = check_replicas(replicas, [max(scope, key=lambda gpu: gpu.max_mps_clients)] if unknown else scope)
+            # The count as a number from here on ("4" from a template is 4; anything else is refused here).
+            replicas = limits.replicas = check_replicas(replicas, [max(scope, key=lambda gpu: gpu.max_mps_clients)] if unknown
+                                                        else scope)
             limits.active_thread_percentage = float(100 // replicas)
             # The resource's own GPUs where they are known (planned, or its daemon's); before its first start, every GPU
             # it could be given - its start keeps those of its own (add_replica_shares, own_shares).
@@ -300,7 +302,7 @@ class LimitsManager(LimitsObserve, PriorityCheck, PartitionPlan):
                     change.undo = restorer(path, self._observed(path))
                     out.persisted = True
         elif not running:
-            out.warnings.append('persist=false and no daemon is running: nothing was done')
+            out.warnings.append('record=false and no daemon is running: nothing was done')
         if running:
             out.msg = ('%s %d command(s) to the running MPS control daemon of %r' % (
                 'would send' if self.check_mode else 'sent', len(out.commands), self.paths.name) if out.commands else
@@ -343,7 +345,7 @@ class LimitsManager(LimitsObserve, PriorityCheck, PartitionPlan):
         record, or files of its pipe directory, are still there - and is not running now (a crash, a kill) is.
         """
         if not persist_limits:
-            return 'the MPS control daemon of %r is not running and persist=false: nothing was done' % self.paths.name
+            return 'the MPS control daemon of %r is not running and record=false: nothing was done' % self.paths.name
         kept = 'the limits %s persisted' % ('would be' if self.check_mode else 'are')
         state = self.state
         if state is None or not state.stale:

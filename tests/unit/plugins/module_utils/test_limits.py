@@ -422,8 +422,8 @@ def test_persist_false_with_no_daemon_says_nothing_was_done(tmp_path):
     started(tmp_path, [T4])
     out = limits_manager(tmp_path, [T4]).ensure(None, '8G', None, 'ignore', False, create=True)
     assert not out.persisted and not out.applied and not out.changed
-    assert out.warnings == ['persist=false and no daemon is running: nothing was done']
-    assert out.msg == "the MPS control daemon of 'big' is not running and persist=false: nothing was done"
+    assert out.warnings == ['record=false and no daemon is running: nothing was done']
+    assert out.msg == "the MPS control daemon of 'big' is not running and record=false: nothing was done"
 
 
 @pytest.mark.parametrize('value, expected', [('normal', 0), ('below_normal', 1), ('BELOW_NORMAL', 1), (0, 0), (1, 1), ('1', 1)])

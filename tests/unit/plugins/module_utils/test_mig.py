@@ -254,9 +254,9 @@ def test_a_percentage_under_one_sm_of_a_mig_device_is_warned_naming_the_smallest
     warnings = []
     plan_resources([{'name': 'a', 'devices': ['1:2'], 'active_thread_percentage': smallest - 0.2},
                     {'name': 'b', 'devices': ['1:1'], 'active_thread_percentage': 50}], gpus, warnings=warnings)
-    assert warnings == ['resources[a].active_thread_percentage: %s%% of the %d SMs of %s is less than one SM; the smallest '
-                        'percentage that gives one is %s' % (round(smallest - 0.2, 1), small.multiprocessor_count, small.label,
-                                                            smallest)]
+    expected = ('resources[a].active_thread_percentage: %s%% of the %d SMs of %s is less than one SM; the smallest percentage '
+                'that gives one is %s' % (round(smallest - 0.2, 1), small.multiprocessor_count, small.label, smallest))
+    assert warnings == [expected]
     warnings = []
     plan_resources([{'name': 'a', 'devices': ['1:2'], 'active_thread_percentage': smallest}], gpus, warnings=warnings)
     assert warnings == []

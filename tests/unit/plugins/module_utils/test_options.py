@@ -56,3 +56,97 @@ def test_the_roles_variables_agree_with_mps_host():
         assert option.get('default') == module.get('default') or {option.get('default'), module.get('default')} <= unset, name
         assert defaults.get(variable) == module.get('default') or {defaults.get(variable), module.get('default')} <= unset, name
     assert len(compared) >= 25, compared  # every option the role passes through
+
+
+# --- described once: the doc fragments, the modules' own DOCUMENTATION, the role's argument spec -------------------
+FRAGMENTS = COLLECTION / 'plugins' / 'doc_fragments' / '_common.py'
+# Shared options taken at the top level by one module and as a key of mps_host's resources: described by that module,
+# the entry's key referring to it.
+ENTRY_DOCUMENTED_BY = {'devices': 'mps_daemon', 'multiuser': 'mps_daemon', 'active_thread_percentage': 'mps_limits',
+                       'pinned_device_mem_limit': 'mps_limits', 'replicas': 'mps_limits', 'oversubscribe': 'mps_limits',
+                       'client_priority': 'mps_limits', 'sm_partitions': 'mps_limits'}
+
+
+# A module's own option of a name a fragment describes, with the reason it means something else there.
+OWN_MEANING = {('mps_info', 'name'): 'optional: only that resource is reported (the fragment\'s is required)'}
+
+
+def _fragments():
+    """Each group of the doc fragment (gpufleet.mps._common[.group]) -> its options."""
+    import ast  # pylint: disable=import-outside-toplevel
+    groups = {}
+    for node in ast.walk(ast.parse(FRAGMENTS.read_text())):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            name = node.targets[0].id
+            key = 'gpufleet.mps._common' + ('' if name == 'DOCUMENTATION' else '.' + name.lower())
+            groups[key] = yaml.safe_load(node.value.value).get('options', {})
+    return groups
+
+
+def _documentation(module):
+    doc = importlib.import_module('ansible_collections.gpufleet.mps.plugins.modules.%s' % module).DOCUMENTATION
+    return yaml.safe_load(doc)
+
+
+def _declared(doc):
+    return {key: doc[key] for key in ('type', 'default', 'choices', 'elements', 'required') if key in doc}
+
+
+def _expected(option):
+    declared = dict(option)
+    declared.pop('options', None)
+    return declared
+
+
+def test_every_shared_option_is_described_in_one_place_with_its_declared_type():
+    described = {}
+    for group, options in _fragments().items():
+        for name, doc in options.items():
+            assert name not in described, '%s is described in %s and %s' % (name, described.get(name), group)
+            described[name] = group
+            if name in OPTIONS:
+                assert _declared(doc) == _expected(OPTIONS[name]), (group, name)
+    for module in MODULES:
+        own = _documentation(module)['options']
+        for name in own:
+            if (module, name) in OWN_MEANING:
+                continue
+            assert name not in described, '%s describes %s, which %s describes' % (module, name, described[name])
+            if name in OPTIONS:
+                assert ENTRY_DOCUMENTED_BY.get(name) == module, '%s describes the shared option %s itself' % (module, name)
+                described[name] = module
+                assert _declared(own[name]) == _expected(OPTIONS[name]), (module, name)
+    assert sorted(set(OPTIONS) - set(described)) == []
+
+
+@pytest.mark.parametrize('module', MODULES)
+def test_a_module_takes_the_description_of_each_shared_option_from_the_fragment(module):
+    doc = _documentation(module)
+    groups = _fragments()
+    extended = {name for group in doc.get('extends_documentation_fragment', []) for name in groups[group]}
+    for name in _argument_spec(module):
+        if name in OPTIONS and ENTRY_DOCUMENTED_BY.get(name) != module:
+            assert name in extended, '%s takes %s without its fragment' % (module, name)
+
+
+def test_an_entry_key_of_mps_host_refers_to_the_one_description():
+    entry = _documentation('mps_host')['options']['resources']['suboptions']
+    for name, module in ENTRY_DOCUMENTED_BY.items():
+        first = entry[name]['description']
+        first = first[0] if isinstance(first, list) else first
+        assert first.startswith('As O(gpufleet.mps.%s#module:%s)' % (module, name)), (name, first)
+        assert _declared(entry[name]) == _expected(OPTIONS[name]), name
+
+
+def test_the_roles_variables_refer_to_the_one_description():
+    host = _argument_spec('mps_host')
+    role = yaml.safe_load((COLLECTION / 'roles' / 'fleet' / 'meta' / 'argument_specs.yml').read_text())['argument_specs']['main']['options']
+    referred = []
+    for variable, option in role.items():
+        name = variable[len('mps_'):]
+        if name not in host or name in ROLE_ONLY:
+            continue
+        first = option['description'][0] if isinstance(option['description'], list) else option['description']
+        assert first == 'As O(gpufleet.mps.mps_host#module:%s).' % name, variable
+        referred.append(name)
+    assert len(referred) >= 35, referred  # every variable the role passes through to mps_host

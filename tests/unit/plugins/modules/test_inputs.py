@@ -132,3 +132,12 @@ def test_run_by_the_role_a_refusal_names_the_roles_variable(host, monkeypatch):
     refused(host.run(['train']), 'mps_resources[0]', 'must be a mapping')
     monkeypatch.delenv('GPUFLEET_MPS_OPTION_PREFIX')
     refused(host.run(TRAIN, logrotate_rotate=-1), 'logrotate_rotate', 'at least 0')
+
+
+def test_mps_limits_record_is_the_option_persist_was_and_the_old_name_is_deprecated(host):
+    host.ok(TRAIN)
+    new = host.module('mps_limits', name='train', active_thread_percentage=40, record=False)
+    assert new['applied'] and not new['persisted'] and not new.get('deprecations')
+    old = host.module('mps_limits', name='train', active_thread_percentage=30, persist=False)
+    assert old['applied'] and not old['persisted']
+    assert 'persist' in str(old['deprecations'])

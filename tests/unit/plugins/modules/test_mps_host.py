@@ -44,4 +44,5 @@ def test_an_error_outside_the_list_keeps_ansiblemodule_s_message(capsys, tmp_pat
 def test_entry_error_is_none_for_valid_entries():
     spec = mps_host.argument_spec()
     assert entry_error(spec, {'resources': [{'name': 'a', 'devices': [0], 'multiuser': True}]}) is None
-    assert entry_error(spec, {'resources': 'not a list'}) is None
+    # called only when AnsibleModule refused the arguments: a string where the list belongs is then said in words
+    assert entry_error(spec, {'resources': 'not a list'}) == ('resources', 'must be a list of mappings, one per entry; got a string')
