@@ -285,8 +285,8 @@ def run(module):
     setup = DaemonSetup.from_params(params, control_binary)
     with Nvml() as nvml:
         outcome = setup.manager(nvml, module.check_mode).ensure(
-            params['state'], params['devices'], params['multiuser'], params['compute_mode'], params['enabled'], params['shm'],
-            remove_logs=params['remove_logs'], foreground=params['foreground'])
+            params['state'], params['devices'], multiuser=params['multiuser'], compute_mode=params['compute_mode'],
+            enabled=params['enabled'], shm=params['shm'], remove_logs=params['remove_logs'], foreground=params['foreground'])
         if nvml.enumeration_var_was_set:
             outcome.warnings.append(ENUMERATION_WARNING)
     running = params['state'] not in ('stopped', 'absent')

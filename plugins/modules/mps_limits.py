@@ -307,13 +307,11 @@ def run(module):
     except MpsError as exc:
         daemon, missing = None, exc
     with Nvml() as nvml:
-        manager = LimitsManager(paths, config, daemon, nvml.gpus(), module.check_mode)
-        manager.missing_binary = missing
-        manager.oversubscribe = params['oversubscribe']
-        manager.client_priority = params['client_priority']
-        manager.sm_partitions = params['sm_partitions']
+        manager = LimitsManager(paths, config, daemon, nvml.gpus(), module.check_mode, missing_binary=missing,
+                                oversubscribe=params['oversubscribe'], client_priority=params['client_priority'],
+                                sm_partitions=params['sm_partitions'])
         outcome = manager.ensure(params['active_thread_percentage'], params['pinned_device_mem_limit'], params['replicas'],
-                                 params['running_servers'], params['record'], params['create'])
+                                 params['running_servers'], persist_limits=params['record'], create=params['create'])
         if nvml.enumeration_var_was_set:
             outcome.warnings.append(ENUMERATION_WARNING)
     return finish(

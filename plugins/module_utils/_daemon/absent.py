@@ -18,7 +18,7 @@ from .._supervisor.unit import UNIT_NAME
 
 
 class Absent:
-    """Of :class:`ResourceManager`: the removals of state=absent."""
+    """Of :class:`DaemonManager`: the removals of state=absent."""
 
     # --- absent ----------------------------------------------------------------------------------
     def created_files(self) -> t.List[str]:

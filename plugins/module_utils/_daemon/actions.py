@@ -26,7 +26,7 @@ def _now() -> str:
 
 
 class DaemonActions:
-    """Of :class:`ResourceManager`: the actions that start and stop the daemon."""
+    """Of :class:`DaemonManager`: the actions that start and stop the daemon."""
 
     # --- actions: planned into the outcome, run by its apply() ------------------------------------
     def _prepare_dirs(self, out: Outcome) -> None:

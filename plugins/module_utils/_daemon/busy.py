@@ -19,7 +19,7 @@ BUSY_POLL = 0.5
 
 
 class BusyClients:
-    """Of :class:`ResourceManager`: the clients of a daemon that a run stops."""
+    """Of :class:`DaemonManager`: the clients of a daemon that a run stops."""
 
     def connected_clients(self, pid: t.Optional[int]) -> t.List[t.Dict[str, t.Any]]:
         """The clients of the daemon's servers, as the daemon lists them now (one UI process)."""

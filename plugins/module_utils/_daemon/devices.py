@@ -17,7 +17,7 @@ from .model import DaemonOutcome, Wanted
 
 
 class DeviceChoice:
-    """Of :class:`ResourceManager`: the GPUs it may take, and giving their compute modes back."""
+    """Of :class:`DaemonManager`: the GPUs it may take, and giving their compute modes back."""
 
     def owned_elsewhere(self) -> t.Dict[str, str]:
         """UUID -> resource, for GPUs of the other live daemons under the same root."""

@@ -16,7 +16,7 @@ from .model import Wanted
 
 
 class Differences:
-    """Of :class:`ResourceManager`: why the running daemon must restart."""
+    """Of :class:`DaemonManager`: why the running daemon must restart."""
 
     def _wanted_daemon(self, wanted: Wanted) -> WantedDaemon:
         return WantedDaemon(wanted.record(), self._env_values(wanted) if wanted.supervisor == 'systemd' else {},

@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """A resource's daemon brought to the wanted state: GPUs, compute mode, supervisor, record.
 
-``ResourceManager`` reads the current state, compares it with the wanted one, and acts only outside
+``DaemonManager`` reads the current state, compares it with the wanted one, and acts only outside
 check mode. The ``.started`` record (JSON) says what the running daemon was started with; idempotence
 compares the wanted daemon with it, never guesses from processes.
 """
@@ -39,12 +39,14 @@ from .observe import DaemonObserve
 from .systemd import SystemdUnit
 
 
-class ResourceManager(DaemonObserve, DeviceChoice, DaemonActions, SystemdUnit, BusyClients, Differences, Absent):
+class DaemonManager(DaemonObserve, DeviceChoice, DaemonActions, SystemdUnit, BusyClients, Differences, Absent):
     """Start, stop or restart the daemon of one resource."""
 
     def __init__(self, paths: ResourcePaths, config: ConfigPaths, daemon: Daemon, nvml: Nvml, supervisor: str,
-                 check_mode: bool, systemctl: t.Optional[Systemctl] = None, nvidia_smi: t.Optional[str] = None,
-                 unit_dir: str = UNIT_DIR, host: t.Optional['HostContext'] = None) -> None:
+                 check_mode: bool, *, systemctl: t.Optional[Systemctl] = None, nvidia_smi: t.Optional[str] = None,
+                 unit_dir: str = UNIT_DIR, host: t.Optional['HostContext'] = None, busy: str = 'refuse',
+                 busy_timeout: int = DEFAULT_BUSY_TIMEOUT, selinux_type: str = '', unit_before: t.Sequence[str] = (),
+                 unit_after: t.Sequence[str] = ()) -> None:
         self.paths = paths
         self.config = config
         self.daemon = daemon
@@ -73,14 +75,17 @@ class ResourceManager(DaemonObserve, DeviceChoice, DaemonActions, SystemdUnit, B
         self._unit_stop_planned = False
         self._disable_planned = False
         # What to do about clients connected to a daemon that must stop (a restart, a stop, absent).
-        self.busy = 'refuse'
-        self.busy_timeout = DEFAULT_BUSY_TIMEOUT
+        self.busy = busy
+        self.busy_timeout = busy_timeout
         # The pid of this resource's own daemon (set when the state is read) and, read once per run, the
         # other MPS control daemons of the host by the GPUs they serve.
         self._own_pid: t.Optional[int] = None
         # The SELinux type of the pipe directory ('' leaves labels alone), and whether its labelling is planned.
-        self.selinux_type = ''
+        self.selinux_type = selinux_type
         self._label_planned = False
+        # Units the daemon's unit is ordered before and after (supervisor=systemd).
+        self.unit_before: t.Tuple[str, ...] = tuple(unit_before)
+        self.unit_after: t.Tuple[str, ...] = tuple(unit_after)
         self._foreign: t.Optional[t.Tuple[t.Dict[str, ForeignDaemon], t.List[ForeignDaemon]]] = None
         # Resources of the same root whose GPUs do not count as taken: mps_host plans a whole host, checks
         # that its listed resources share no GPU and stops removed and changed daemons before it starts any.
@@ -116,7 +121,7 @@ class ResourceManager(DaemonObserve, DeviceChoice, DaemonActions, SystemdUnit, B
             raise InvalidParameterError('foreground', 'needs supervisor=systemd (systemd keeps the foreground daemon and sends '
                                         'its output to the journal); a daemon this module starts itself must detach (-d)')
 
-    def _prepare(self, state: str, selectors: t.Any, multiuser: bool, compute_mode: str, enabled: bool, shm: bool,
+    def _prepare(self, state: str, selectors: t.Any, *, multiuser: bool, compute_mode: str, enabled: bool, shm: bool,
                  remove_logs: bool, foreground: bool) -> t.Optional[Wanted]:
         """Check every option against the view and set up the decision; raises before any side effect."""
         self.validate(state, compute_mode, foreground)
@@ -134,28 +139,30 @@ class ResourceManager(DaemonObserve, DeviceChoice, DaemonActions, SystemdUnit, B
         self._lock_existed = self.view.paths.lexists(os.path.join(self.paths.resource_dir, RESOURCE_LOCK)) and not self.own_lock
         return wanted
 
-    def plan(self, state: str, selectors: t.Any, multiuser: bool, compute_mode: str, enabled: bool, shm: bool = False,
+    def plan(self, state: str, selectors: t.Any, *, multiuser: bool, compute_mode: str, enabled: bool, shm: bool = False,
              remove_logs: bool = False, foreground: bool = False) -> 'DaemonOutcome':
         """Every change that brings the resource to ``state``, decided from the view alone, unapplied."""
-        return self._ensure(state, self._prepare(state, selectors, multiuser, compute_mode, enabled, shm, remove_logs, foreground))
+        return self._ensure(state, self._prepare(state, selectors, multiuser=multiuser, compute_mode=compute_mode, enabled=enabled,
+                                                 shm=shm, remove_logs=remove_logs, foreground=foreground))
 
-    def ensure(self, state: str, selectors: t.Any, multiuser: bool, compute_mode: str, enabled: bool, shm: bool = False,
+    def ensure(self, state: str, selectors: t.Any, *, multiuser: bool, compute_mode: str, enabled: bool, shm: bool = False,
                remove_logs: bool = False, foreground: bool = False) -> Outcome:
         """Bring the resource to ``state`` (started, stopped, restarted or absent): read the host under the resource's
         lock, decide, and (unless in check mode) execute exactly what was decided."""
         self.validate(state, compute_mode, foreground)
-        args = (state, selectors, multiuser, compute_mode, enabled, shm, remove_logs, foreground)
+        options = dict(multiuser=multiuser, compute_mode=compute_mode, enabled=enabled, shm=shm, remove_logs=remove_logs,
+                       foreground=foreground)
         # Imported here: mps_host, which imports this module on every run, executes through its own caller.
         from .._execute import execute  # pylint: disable=import-outside-toplevel
         if self.check_mode:
             self.host.view = self.observe(state, shm, remove_logs)
-            out = self.plan(*args)  # the plan, and nothing else
+            out = self.plan(state, selectors, **options)  # the plan, and nothing else
             out.warnings += orphan_warnings(self.view.orphans(), all_devices(self.view.gpus))
             return out
         if state == 'absent' and not os.path.isdir(self.paths.resource_dir):
             # Nothing under the root to serialise, and absent must not create the directories it removes.
             self.host.view = self.observe(state, shm, remove_logs)
-            out = self.plan(*args)
+            out = self.plan(state, selectors, **options)
             execute(out)
             return out
         with resource_lock(self.paths) as lock:
@@ -165,7 +172,7 @@ class ResourceManager(DaemonObserve, DeviceChoice, DaemonActions, SystemdUnit, B
             self.nvml.refresh()
             self.host.view = self.observe(state, shm, remove_logs)
             try:
-                out = self.plan(*args)
+                out = self.plan(state, selectors, **options)
             except MpsError:
                 lock.discard()  # a refused run leaves nothing behind, not even the lock it made
                 raise
@@ -361,10 +368,8 @@ class DaemonSetup:
         return cls(paths, config, container, daemon, supervisor, systemctl, nvidia_smi, params['busy'], params['busy_timeout'],
                    selinux_type, before, after)
 
-    def manager(self, nvml: Nvml, check_mode: bool, host: t.Optional[HostContext] = None) -> ResourceManager:
-        manager = ResourceManager(self.paths, self.config, self.daemon, nvml, self.supervisor, check_mode,
-                                  systemctl=self.systemctl, nvidia_smi=self.nvidia_smi, unit_dir=self.unit_dir, host=host)
-        manager.busy, manager.busy_timeout = self.busy, self.busy_timeout
-        manager.selinux_type = self.selinux_type
-        manager.unit_before, manager.unit_after = self.unit_before, self.unit_after
-        return manager
+    def manager(self, nvml: Nvml, check_mode: bool, host: t.Optional[HostContext] = None) -> 'DaemonManager':
+        return DaemonManager(self.paths, self.config, self.daemon, nvml, self.supervisor, check_mode, systemctl=self.systemctl,
+                             nvidia_smi=self.nvidia_smi, unit_dir=self.unit_dir, host=host, busy=self.busy,
+                             busy_timeout=self.busy_timeout, selinux_type=self.selinux_type, unit_before=self.unit_before,
+                             unit_after=self.unit_after)

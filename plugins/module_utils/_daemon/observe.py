@@ -16,7 +16,7 @@ from .._resource.layout import SHM_DIR
 
 
 class DaemonObserve:
-    """Of :class:`.manager.ResourceManager`: its view of the host, read once (its ``wants``, then the probes)."""
+    """Of :class:`.manager.DaemonManager`: its view of the host, read once (its ``wants``, then the probes)."""
 
     def wants(self, shm: bool, state: str = 'started') -> Wants:
         """Every path a decision about this resource may look at, beyond its own directories and persisted files."""

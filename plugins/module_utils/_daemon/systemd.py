@@ -28,9 +28,9 @@ from .model import Wanted
 
 
 class SystemdUnit:
-    """Of :class:`ResourceManager`: the daemon's unit under supervisor=systemd."""
+    """Of :class:`DaemonManager`: the daemon's unit under supervisor=systemd."""
 
-    # the units the daemon starts before and after (mps_daemon unit_before, unit_after; DaemonSetup sets them)
+    # the units the daemon starts before and after (mps_daemon unit_before, unit_after; given to DaemonManager)
     unit_before: t.Tuple[str, ...] = ()
     unit_after: t.Tuple[str, ...] = ()
 

@@ -359,12 +359,9 @@ class HostManager:
             raise MpsError('internal error: limits of the removed resource %s were asked for' % res.name)
         view = view or self.view
         running = view is not None and view.resource(res.name).state.running
-        manager = LimitsManager(res.setup.paths, res.setup.config, res.setup.daemon if running else None,
-                                view.gpus if view is not None else self.nvml.gpus(), self.check_mode, view=view)
-        manager.follow(plan)
-        manager.prober = res.setup.daemon
-        manager.start_follows = True
-        return manager
+        return LimitsManager(res.setup.paths, res.setup.config, res.setup.daemon if running else None,
+                             view.gpus if view is not None else self.nvml.gpus(), self.check_mode, view=view, entry=plan,
+                             prober=res.setup.daemon)
 
     def _limits(self, res: _Resource) -> t.Any:
         plan = res.plan
@@ -387,10 +384,10 @@ class HostManager:
         manager = res.setup.manager(self.nvml, self.check_mode, host)
         if res.plan is None:
             # A pruned resource keeps its logs; a teardown removes them when asked to.
-            return manager.plan('absent', 'all', False, p['compute_mode'], False, False,
+            return manager.plan('absent', 'all', multiuser=False, compute_mode=p['compute_mode'], enabled=False, shm=False,
                                 remove_logs=p['remove_logs'] and p['state'] == 'absent')
-        return manager.plan(state, [gpu.uuid for gpu in res.plan.devices], res.plan.multiuser, p['compute_mode'], True,
-                            p['shm'], foreground=p['foreground'])
+        return manager.plan(state, [gpu.uuid for gpu in res.plan.devices], multiuser=res.plan.multiuser,
+                            compute_mode=p['compute_mode'], enabled=True, shm=p['shm'], foreground=p['foreground'])
 
     def _shm(self, out: HostOutcome) -> None:
         manager = self.shm

@@ -88,7 +88,12 @@ class LimitsManager(LimitsObserve, PriorityCheck, PartitionPlan):
     """Limits of one resource."""
 
     def __init__(self, paths: ResourcePaths, config: ConfigPaths, daemon: t.Optional[Daemon], gpus: t.Sequence[Gpu],
-                 check_mode: bool, view: t.Optional[t.Any] = None) -> None:
+                 check_mode: bool, *, view: t.Optional[t.Any] = None, oversubscribe: bool = False,
+                 client_priority: t.Any = None, sm_partitions: t.Any = None, missing_binary: t.Optional[MpsError] = None,
+                 entry: t.Any = None, prober: t.Optional[Daemon] = None) -> None:
+        """``entry``: mps_host's resource entry (_host.plan.ResourcePlan) - the limits are then exact (declarative) and
+        its own options win; ``prober``: the daemon whose binary's help is read where none runs (mps_host: the
+        resource's own, before its start)."""
         self.paths = paths
         self.config = config
         self.daemon = daemon
@@ -112,24 +117,24 @@ class LimitsManager(LimitsObserve, PriorityCheck, PartitionPlan):
         # recovered there and its limits replayed, so its absence now is no warning of the limits' own.
         self.start_follows = False
         # Whether replicas times an explicit pinned limit may exceed a GPU's memory (mps_limits oversubscribe).
-        self.oversubscribe = False
+        self.oversubscribe = oversubscribe
         # The default client priority wanted (mps_limits client_priority, a resources entry's): as given, None: not given.
-        self.client_priority: t.Any = None
+        self.client_priority: t.Any = client_priority
         # The static SM partitions wanted on each GPU (mps_limits sm_partitions, a resources entry's): chunk counts; None: not given.
-        self.sm_partitions: t.Any = None
+        self.sm_partitions: t.Any = sm_partitions
         # Whose binary's help says whether it has client priority, where no running daemon answered (mps_host gives the
         # resource's daemon even when it is not running yet); None: self.daemon.
-        self.prober: t.Optional[Daemon] = None
+        self.prober: t.Optional[Daemon] = prober
         # Why there is no daemon to talk to (mps_limits without a usable control binary): said when one runs.
-        self.missing_binary: t.Optional[MpsError] = None
-
-    def follow(self, plan: t.Any) -> None:
-        """Manage the limits as a host plan's resource entry (_host.plan.ResourcePlan) says, declaratively (mps_host)."""
-        self.exact = True
-        self.oversubscribe = plan.oversubscribe
-        self.client_priority = plan.client_priority
-        self.sm_partitions = plan.sm_partitions
-        self.planned = list(plan.devices)
+        self.missing_binary: t.Optional[MpsError] = missing_binary
+        if entry is not None:
+            # mps_host's entry: exact limits, its options, its planned devices; the same plan starts the daemon.
+            self.exact = True
+            self.oversubscribe = entry.oversubscribe
+            self.client_priority = entry.client_priority
+            self.sm_partitions = entry.sm_partitions
+            self.planned = list(entry.devices)
+            self.start_follows = True
 
     # --- what the daemon has ----------------------------------------------------------------------
     def scope(self, create: bool) -> t.Tuple[t.List[Gpu], bool, t.Optional[int]]:
@@ -227,7 +232,7 @@ class LimitsManager(LimitsObserve, PriorityCheck, PartitionPlan):
     def plan(self, percentage: t.Any, mem: t.Any, replicas: t.Any, running_servers: str) -> LimitsOutcome:
         """Every change to the limits (persisted, sent to the running daemon), unapplied: mps_host executes a host's plan."""
         self._check(percentage, mem, replicas, running_servers)
-        return self._plan(percentage, mem, replicas, running_servers, True, True)
+        return self._plan(percentage, mem, replicas, running_servers, persist_limits=True, create=True)
 
     def _check(self, percentage: t.Any, mem: t.Any, replicas: t.Any, running_servers: str) -> None:
         if running_servers not in RUNNING_SERVERS_CHOICES:
@@ -237,7 +242,7 @@ class LimitsManager(LimitsObserve, PriorityCheck, PartitionPlan):
             raise InvalidParameterError('active_thread_percentage', 'give at least one of active_thread_percentage, '
                                         'pinned_device_mem_limit, replicas, client_priority or sm_partitions')
 
-    def _plan(self, percentage: t.Any, mem: t.Any, replicas: t.Any, running_servers: str, persist_limits: bool,
+    def _plan(self, percentage: t.Any, mem: t.Any, replicas: t.Any, running_servers: str, *, persist_limits: bool,
               create: bool) -> LimitsOutcome:
         """Plan every action from the view (the daemon's one control batch, the record); nothing is read or changed here."""
         refuse_unsafe_dirs(managed_dirs(self.paths, self.config.config_dir), self.view.paths)

@@ -78,7 +78,7 @@ class LimitsObserve:
                    for server in readout.servers]
         return readout.default_percentage, dict(enumerate(readout.default_mem)), servers, readout
 
-    def ensure(self, percentage: t.Any, mem: t.Any, replicas: t.Any, running_servers: str, persist_limits: bool,
+    def ensure(self, percentage: t.Any, mem: t.Any, replicas: t.Any, running_servers: str, *, persist_limits: bool,
                create: bool) -> t.Any:
         """mps_limits: read the resource under its lock (the lock belongs to the resource, not to its daemon: taken whether
         or not one runs, so a concurrent mps_daemon start never replays a half-written record), decide, and (unless in
@@ -88,11 +88,11 @@ class LimitsObserve:
         from .._execute import execute  # pylint: disable=import-outside-toplevel
         if self.check_mode:
             self.observe_own()
-            return self._reported(self._plan(percentage, mem, replicas, running_servers, persist_limits, create))
+            return self._reported(self._plan(percentage, mem, replicas, running_servers, persist_limits=persist_limits, create=create))
         with resource_lock(self.paths) as lock:
             self.observe_own()
             try:
-                out = self._plan(percentage, mem, replicas, running_servers, persist_limits, create)
+                out = self._plan(percentage, mem, replicas, running_servers, persist_limits=persist_limits, create=create)
             except MpsError:
                 lock.discard()
                 raise

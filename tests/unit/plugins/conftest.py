@@ -155,7 +155,7 @@ def decide_guard(monkeypatch):
     from ansible_collections.gpufleet.mps.plugins import module_utils
     for info in pkgutil.walk_packages(module_utils.__path__, module_utils.__name__ + '.'):
         importlib.import_module(info.name)
-    from ansible_collections.gpufleet.mps.plugins.module_utils._daemon.manager import ResourceManager
+    from ansible_collections.gpufleet.mps.plugins.module_utils._daemon.manager import DaemonManager
     from ansible_collections.gpufleet.mps.plugins.module_utils._host.manager import HostManager
     from ansible_collections.gpufleet.mps.plugins.module_utils._limits.manager import LimitsManager
     from ansible_collections.gpufleet.mps.plugins.module_utils._shm import ShmManager
@@ -183,7 +183,7 @@ def decide_guard(monkeypatch):
             finally:
                 state['depth'] -= 1
         monkeypatch.setattr(cls, method, decide)
-    for cls, method in ((HostManager, 'decide'), (ResourceManager, 'plan'), (LimitsManager, '_plan'), (ShmManager, 'plan')):
+    for cls, method in ((HostManager, 'decide'), (DaemonManager, 'plan'), (LimitsManager, '_plan'), (ShmManager, 'plan')):
         deciding(cls, method)
     yield state
 

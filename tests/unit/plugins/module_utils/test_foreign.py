@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from ansible_collections.gpufleet.mps.plugins.module_utils._daemon.manager import ResourceManager
+from ansible_collections.gpufleet.mps.plugins.module_utils._daemon.manager import DaemonManager
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import DeviceSelectionError, InvalidParameterError
 from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import Gpu
 from ansible_collections.gpufleet.mps.plugins.module_utils._observe.scan import ForeignDaemon, foreign_daemons
@@ -105,7 +105,7 @@ def manager(tmp_path):
     config = config_paths(str(tmp_path / 'etc'), 'train')
     nvml = types.SimpleNamespace(gpus=lambda: [_gpu(0, 'GPU-a', mode='exclusive_process'), _gpu(1, 'GPU-b', mode='exclusive_process')])
     daemon = types.SimpleNamespace(binary='/usr/bin/nvidia-cuda-mps-control', log_mode=0o700, start_timeout=30, stop_timeout=30)
-    return ResourceManager(paths, config, daemon, nvml=nvml, supervisor='none', check_mode=True)
+    return DaemonManager(paths, config, daemon, nvml=nvml, supervisor='none', check_mode=True)
 
 
 def _foreign(see, manager, known, unreadable=()):

@@ -274,7 +274,7 @@ def test_the_state_acted_on_is_read_under_the_resource_lock(tmp_path, monkeypatc
         return original(create)
 
     limits.scope = scope
-    out = limits.ensure(None, None, 4, 'ignore', True, create=True)
+    out = limits.ensure(None, None, 4, 'ignore', persist_limits=True, create=True)
     assert seen and all(seen)
     assert out.persisted and not lock.held
 
@@ -299,7 +299,7 @@ def test_the_resource_lock_is_held_while_limits_are_written_with_no_daemon_runni
         return original(*args, **kwargs)
 
     monkeypatch.setattr(_limits_manager, 'persist', persist)
-    out = limits.ensure(None, None, 4, 'ignore', True, create=True)
+    out = limits.ensure(None, None, 4, 'ignore', persist_limits=True, create=True)
     assert out.persisted and not out.running
     assert held and all(held)  # planning and applying, both under the lock
 
@@ -311,7 +311,7 @@ def test_with_the_daemon_down_the_commands_file_follows_the_environment_files_de
     with open(config.env_file, 'w') as handle:
         handle.write('CUDA_VISIBLE_DEVICES=%s,%s\n' % (gpus[1].uuid, gpus[0].uuid))
     limits = LimitsManager(resource_paths(str(tmp_path / 'root'), 'train'), config, None, gpus, check_mode=False)
-    out = limits.ensure(None, {gpus[1].uuid: '1G'}, None, 'ignore', True, create=True)
+    out = limits.ensure(None, {gpus[1].uuid: '1G'}, None, 'ignore', persist_limits=True, create=True)
     assert out.persisted
     with open(config.limits_file) as handle:
         assert handle.read() == 'set_default_device_pinned_mem_limit 0 1024M\n'  # GPU 1 is the daemon's device 0
@@ -340,16 +340,16 @@ def test_before_the_first_start_one_size_is_refused_only_when_no_gpu_of_the_host
     # A mixed host: this resource will run on the H100, another one on the T4. Its daemon's GPUs are not known before
     # its first start (the fleet role's order), so 40G is not refused for the T4; the role's pre-flight checks it
     # against the resource's own GPUs.
-    out = limits_manager(tmp_path, [H100, T4]).ensure(None, '40G', None, 'ignore', True, create=True)
+    out = limits_manager(tmp_path, [H100, T4]).ensure(None, '40G', None, 'ignore', persist_limits=True, create=True)
     assert out.persisted and not out.applied and out.warnings == []
     with pytest.raises(InvalidParameterError, match=r'^pinned_device_mem_limit: 81920 MiB \(80 GiB\) is more than GPU 0 \(%s, '
                                                     r'NVIDIA H100 80GB HBM3\) has: 81559 MiB' % H100.uuid):
-        limits_manager(tmp_path, [H100, T4]).ensure(None, '80G', None, 'ignore', True, create=True)
+        limits_manager(tmp_path, [H100, T4]).ensure(None, '80G', None, 'ignore', persist_limits=True, create=True)
 
 
 def test_before_the_first_start_a_size_for_a_named_gpu_is_checked_against_that_gpu(tmp_path):
     with pytest.raises(InvalidParameterError, match=r'16384 MiB \(16 GiB\) is more than GPU 1 \(%s, Tesla T4\) has: 15360 MiB' % T4.uuid):
-        limits_manager(tmp_path, [H100, T4]).ensure(None, {1: '16G'}, None, 'ignore', True, create=True)
+        limits_manager(tmp_path, [H100, T4]).ensure(None, {1: '16G'}, None, 'ignore', persist_limits=True, create=True)
     assert not (tmp_path / 'etc').exists()  # refused before anything was written
 
 
@@ -363,26 +363,26 @@ def test_once_the_daemons_gpus_are_known_one_size_is_checked_against_each_of_the
         assert config_paths(str(tmp_path / 'etc'), 'big').env_file == str(tmp_path / 'etc' / 'big.env')
     with pytest.raises(InvalidParameterError, match=r'40960 MiB \(40 GiB\) is more than GPU 1 \(%s, Tesla T4\) has: 15360 MiB '
                                                     r'\(15 GiB\); give at most 15360M' % T4.uuid):
-        limits_manager(tmp_path, [H100, T4]).ensure(None, '40G', None, 'ignore', True, create=True)
+        limits_manager(tmp_path, [H100, T4]).ensure(None, '40G', None, 'ignore', persist_limits=True, create=True)
     assert not os.path.exists(config_paths(str(tmp_path / 'etc'), 'big').limits_json)
 
 
 def test_before_the_first_start_replicas_are_refused_only_when_no_gpu_of_the_host_takes_them(tmp_path):
     v100, p100 = gpu(0, 'Tesla V100', 16000, (7, 0)), gpu(1, 'Tesla P100', 16000, (6, 0))
-    out = limits_manager(tmp_path, [v100, p100]).ensure(None, None, 40, 'ignore', True, create=True)
+    out = limits_manager(tmp_path, [v100, p100]).ensure(None, None, 40, 'ignore', persist_limits=True, create=True)
     assert out.limits['replicas'] == 40
     with pytest.raises(InvalidParameterError, match='exceeds the 48 MPS clients of GPU 0'):
-        limits_manager(tmp_path, [v100, p100]).ensure(None, None, 49, 'ignore', True, create=True)
+        limits_manager(tmp_path, [v100, p100]).ensure(None, None, 49, 'ignore', persist_limits=True, create=True)
     started(tmp_path, [p100])
     with pytest.raises(InvalidParameterError, match='exceeds the 16 MPS clients of GPU 1'):
-        limits_manager(tmp_path, [v100, p100]).ensure(None, None, 40, 'ignore', True, create=True)
+        limits_manager(tmp_path, [v100, p100]).ensure(None, None, 40, 'ignore', persist_limits=True, create=True)
 
 
 # --- a daemon that is not running: a warning only when it was expected to run --------------------------------------
 
 @pytest.mark.parametrize('check_mode', [False, True])
 def test_persisting_before_the_first_start_does_not_warn_and_says_why_nothing_was_applied(tmp_path, check_mode):
-    out = limits_manager(tmp_path, [T4], check_mode=check_mode).ensure(None, None, 4, 'ignore', True, create=True)
+    out = limits_manager(tmp_path, [T4], check_mode=check_mode).ensure(None, None, 4, 'ignore', persist_limits=True, create=True)
     assert out.warnings == []
     assert not out.applied and not out.running and out.persisted and out.commands == []
     assert out.msg == ("the MPS control daemon of 'big' is not running (not started yet, or stopped): the limits %s persisted, "
@@ -393,15 +393,15 @@ def test_a_stopped_daemon_does_not_warn(tmp_path):
     # mps_daemon state=stopped removes the start record and the pipe-dir files: nobody expects it to run.
     paths = resource_paths(str(tmp_path / 'root'), 'big')
     os.makedirs(paths.pipe_dir)
-    limits_manager(tmp_path, [T4]).ensure(None, None, 4, 'ignore', True, create=True)
-    out = limits_manager(tmp_path, [T4]).ensure(50, None, None, 'ignore', True, create=False)
+    limits_manager(tmp_path, [T4]).ensure(None, None, 4, 'ignore', persist_limits=True, create=True)
+    out = limits_manager(tmp_path, [T4]).ensure(50, None, None, 'ignore', persist_limits=True, create=False)
     assert out.warnings == [] and out.persisted and not out.applied
     assert 'not started yet, or stopped' in out.msg
 
 
 def test_a_daemon_that_was_started_and_is_not_running_warns(tmp_path):
     started(tmp_path, [T4])
-    out = limits_manager(tmp_path, [T4]).ensure(None, '8G', None, 'ignore', True, create=False)
+    out = limits_manager(tmp_path, [T4]).ensure(None, '8G', None, 'ignore', persist_limits=True, create=False)
     assert out.persisted and not out.applied and not out.running
     assert out.warnings == [out.msg]
     assert out.msg == ("the MPS control daemon of 'big' was started (2026-12-03T18:00:00+00:00) but is not running now (crashed "
@@ -413,14 +413,14 @@ def test_files_a_dead_daemon_left_in_its_pipe_directory_warn_without_a_record(tm
     os.makedirs(paths.pipe_dir)
     with open(os.path.join(paths.pipe_dir, 'nvidia-cuda-mps-control.pid'), 'w') as handle:
         handle.write('not a pid\n')
-    out = limits_manager(tmp_path, [T4]).ensure(None, None, 4, 'ignore', True, create=True)
+    out = limits_manager(tmp_path, [T4]).ensure(None, None, 4, 'ignore', persist_limits=True, create=True)
     assert len(out.warnings) == 1 and out.warnings[0] == out.msg
     assert "left nvidia-cuda-mps-control.pid in %s but is not running now" % paths.pipe_dir in out.msg
 
 
 def test_persist_false_with_no_daemon_says_nothing_was_done(tmp_path):
     started(tmp_path, [T4])
-    out = limits_manager(tmp_path, [T4]).ensure(None, '8G', None, 'ignore', False, create=True)
+    out = limits_manager(tmp_path, [T4]).ensure(None, '8G', None, 'ignore', persist_limits=False, create=True)
     assert not out.persisted and not out.applied and not out.changed
     assert out.warnings == ['record=false and no daemon is running: nothing was done']
     assert out.msg == "the MPS control daemon of 'big' is not running and record=false: nothing was done"

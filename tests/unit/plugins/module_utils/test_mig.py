@@ -181,7 +181,7 @@ def test_a_gpu_is_not_a_mig_device():
 
 def test_a_mig_resource_under_systemd_sets_no_compute_mode_and_pins_the_mig_uuid(mixed, tmp_path, see):
     """The unit's ExecStartPre sets a compute mode only when MPS_COMPUTE_MODE is set: empty for a MIG device."""
-    from ansible_collections.gpufleet.mps.plugins.module_utils._daemon.manager import DaemonSetup, ResourceManager  # pylint: disable=import-outside-toplevel
+    from ansible_collections.gpufleet.mps.plugins.module_utils._daemon.manager import DaemonSetup, DaemonManager  # pylint: disable=import-outside-toplevel
     gpus, parser = mixed
     params = dict(root=str(tmp_path / 'root'), config_dir=str(tmp_path / 'etc'), control_binary='/bin/true', name='infer',
                   state='started', devices=['1:0'], multiuser=False, compute_mode='exclusive_process', supervisor='none',
@@ -189,7 +189,7 @@ def test_a_mig_resource_under_systemd_sets_no_compute_mode_and_pins_the_mig_uuid
                   container_root='/mps', selinux_type='')
     setup = DaemonSetup.from_params(params, lambda given: given)
     with Nvml() as nvml:
-        manager = ResourceManager(setup.paths, setup.config, setup.daemon, nvml, 'systemd', True, unit_dir=str(tmp_path / 'units'))
+        manager = DaemonManager(setup.paths, setup.config, setup.daemon, nvml, 'systemd', True, unit_dir=str(tmp_path / 'units'))
         see(manager, gpus=nvml.gpus())
         wanted = manager.wanted(['1:0'], False, 'exclusive_process', True)
         env = manager._env_values(wanted)  # pylint: disable=protected-access
@@ -197,7 +197,7 @@ def test_a_mig_resource_under_systemd_sets_no_compute_mode_and_pins_the_mig_uuid
     assert 'EXCLUSIVE_PROCESS not applied: MIG device 1:0 (3g.40gb' in manager.compute_mode_note
     assert env['CUDA_VISIBLE_DEVICES'] == parser['gpu1.mig0']['uuid'] == gpus[1].mig_devices[0].uuid
     assert env['MPS_COMPUTE_MODE'] == ''
-    whole = ResourceManager(setup.paths, setup.config, setup.daemon, Nvml(), 'systemd', True, unit_dir=str(tmp_path / 'units'))
+    whole = DaemonManager(setup.paths, setup.config, setup.daemon, Nvml(), 'systemd', True, unit_dir=str(tmp_path / 'units'))
     with whole.nvml:
         see(whole, gpus=whole.nvml.gpus())
         values = whole._env_values(whole.wanted([0], False, 'exclusive_process', True))  # pylint: disable=protected-access

@@ -37,7 +37,7 @@ def test_the_per_resource_modules_decide_from_their_view_alone(simhost, decide_g
         setup = _setup(simhost, supervisor, state)
         with Nvml() as nvml:
             for check in (True, False):
-                out = setup.manager(nvml, check).ensure(state, [0, 1], False, 'exclusive_process', True)
+                out = setup.manager(nvml, check).ensure(state, [0, 1], multiuser=False, compute_mode='exclusive_process', enabled=True)
             changed.append(out.changed)
         if state != 'stopped':
             paths = setup.paths
@@ -45,7 +45,7 @@ def test_the_per_resource_modules_decide_from_their_view_alone(simhost, decide_g
             with Nvml() as nvml:
                 for check in (True, False):
                     limits = LimitsManager(paths, setup.config, daemon, nvml.gpus(), check)
-                    result = limits.ensure(50 if state == 'started' else 25, '10G', None, 'ignore', True, True)
+                    result = limits.ensure(50 if state == 'started' else 25, '10G', None, 'ignore', persist_limits=True, create=True)
                 assert not result.warnings or all('orphan' not in warning for warning in result.warnings)
     assert changed == [True, False, True, True, True]
     if os.geteuid() == 0:
@@ -57,6 +57,6 @@ def test_the_per_resource_modules_decide_from_their_view_alone(simhost, decide_g
     setup = _setup(simhost, supervisor, 'absent')
     with Nvml() as nvml:
         for check in (True, False):
-            out = setup.manager(nvml, check).ensure('absent', 'all', False, 'exclusive_process', False)
+            out = setup.manager(nvml, check).ensure('absent', 'all', multiuser=False, compute_mode='exclusive_process', enabled=False)
     assert out.changed and not os.path.exists(setup.paths.pipe_dir)
     assert decide_guard['decisions'] >= 26  # every ensure above decided (and raised on no I/O)

@@ -1,6 +1,6 @@
 # Copyright: gpufleet.mps contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""ResourceManager's decisions that need no daemon: what forces a restart of a systemd-supervised one."""
+"""DaemonManager's decisions that need no daemon: what forces a restart of a systemd-supervised one."""
 from __future__ import annotations
 
 import os
@@ -11,7 +11,7 @@ import pytest
 from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.liveness import DaemonState
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import InvalidParameterError
 from ansible_collections.gpufleet.mps.plugins.module_utils._daemon import manager as _manager
-from ansible_collections.gpufleet.mps.plugins.module_utils._daemon.manager import DaemonSetup, Outcome, ResourceManager, Wanted
+from ansible_collections.gpufleet.mps.plugins.module_utils._daemon.manager import DaemonSetup, Outcome, DaemonManager, Wanted
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import config_paths, resource_paths
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource.record import StartRecord
 from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.unit import RESTART_ENV, parse_env, render_env
@@ -25,8 +25,8 @@ def manager(tmp_path):
     config = config_paths(str(tmp_path / 'etc'), 'train')
     (tmp_path / 'etc').mkdir()
     daemon = types.SimpleNamespace(binary='/usr/bin/nvidia-cuda-mps-control', log_mode=0o700, start_timeout=30, stop_timeout=30)
-    return ResourceManager(paths, config, daemon, nvml=None, supervisor='systemd', check_mode=True,
-                           unit_dir=str(tmp_path / 'units'))
+    return DaemonManager(paths, config, daemon, nvml=None, supervisor='systemd', check_mode=True,
+                         unit_dir=str(tmp_path / 'units'))
 
 
 def _gpu(uuid):
@@ -158,7 +158,7 @@ def test_a_daemon_that_cannot_get_its_namespace_is_refused_before_the_running_on
     paths = resource_paths(str(tmp_path / 'root'), 'train')
     config = config_paths(str(tmp_path / 'etc'), 'train')
     daemon = NoNamespaceDaemon(binary='/bin/true', log_mode=0o700, start_timeout=30, stop_timeout=30, stopped=[])
-    manager = ResourceManager(paths, config, daemon, nvml=None, supervisor='none', check_mode=False)
+    manager = DaemonManager(paths, config, daemon, nvml=None, supervisor='none', check_mode=False)
     wanted = _wanted(supervisor='none', shm=True)
     record = StartRecord.from_data(dict(_wanted(supervisor='none').record(), pid=RUNNING.pid))
     with pytest.raises(InvalidParameterError, match='^shm: cannot give the daemon'):
@@ -171,7 +171,7 @@ def test_a_systemd_root_that_a_drop_in_cannot_carry_is_refused_before_anything_i
     paths = resource_paths(str(tmp_path / 'a:b'), 'train')
     config = config_paths(str(tmp_path / 'etc'), 'train')
     daemon = NoNamespaceDaemon(binary='/bin/true', log_mode=0o700, start_timeout=30, stop_timeout=30, stopped=[])
-    manager = ResourceManager(paths, config, daemon, nvml=None, supervisor='systemd', check_mode=False)
+    manager = DaemonManager(paths, config, daemon, nvml=None, supervisor='systemd', check_mode=False)
     wanted = _wanted(shm=True)
     with pytest.raises(InvalidParameterError, match='^root: .* cannot be written into a systemd unit'):
         see(manager, RUNNING)
@@ -240,8 +240,8 @@ def test_a_foreground_daemon_gets_its_dropin_and_no_pid_file_and_switching_resta
 def test_foreground_without_systemd_is_refused_before_anything(tmp_path):
     paths = resource_paths(str(tmp_path / 'root'), 'train')
     daemon = types.SimpleNamespace(binary='/bin/true', log_mode=0o700, start_timeout=30, stop_timeout=30)
-    manager = ResourceManager(paths, config_paths(str(tmp_path / 'etc'), 'train'), daemon, nvml=None, supervisor='none',
-                              check_mode=True)
+    manager = DaemonManager(paths, config_paths(str(tmp_path / 'etc'), 'train'), daemon, nvml=None, supervisor='none',
+                            check_mode=True)
     with pytest.raises(InvalidParameterError, match='^foreground: needs supervisor=systemd'):
         manager.validate('started', 'exclusive_process', foreground=True)
     assert not os.path.exists(str(tmp_path / 'root'))

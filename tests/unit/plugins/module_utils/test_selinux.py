@@ -16,7 +16,7 @@ from ansible_collections.gpufleet.mps.plugins.module_utils._execute import execu
 from ansible_collections.gpufleet.mps.plugins.module_utils._observe.reader import read_labels
 from ansible_collections.gpufleet.mps.plugins.module_utils._observe.view import HostView
 from ansible_collections.gpufleet.mps.plugins.module_utils import _selinux
-from ansible_collections.gpufleet.mps.plugins.module_utils._daemon.manager import DaemonOutcome, DaemonSetup, ResourceManager
+from ansible_collections.gpufleet.mps.plugins.module_utils._daemon.manager import DaemonOutcome, DaemonSetup, DaemonManager
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import InvalidParameterError
 from ansible_collections.gpufleet.mps.plugins.module_utils._outcome import Outcome
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import config_paths, resource_paths
@@ -98,9 +98,7 @@ def _manager(tmp_path, check_mode):
     paths = resource_paths(str(tmp_path / 'root'), 'train')
     config = config_paths(str(tmp_path / 'etc'), 'train')
     daemon = types.SimpleNamespace(binary='/usr/bin/nvidia-cuda-mps-control', log_mode=0o700, start_timeout=30, stop_timeout=30)
-    manager = ResourceManager(paths, config, daemon, nvml=None, supervisor='none', check_mode=check_mode)
-    manager.selinux_type = 'container_file_t'
-    return manager
+    return DaemonManager(paths, config, daemon, nvml=None, supervisor='none', check_mode=check_mode, selinux_type='container_file_t')
 
 
 def test_a_pipe_directory_created_by_the_start_is_labelled_after_it_exists(fake, tmp_path, see):
