@@ -105,7 +105,7 @@ class ShmManager:
 
     def __init__(self, root: str, persist: str, fstab: str, unit_dir: str, check_mode: bool, mounter: Mounter,
                  pages: t.Optional[t.Tuple[int, int]] = None, systemctl: t.Optional[Systemctl] = None,
-                 selinux_type: str = '') -> None:
+                 selinux_type: str = '', daemons_stop_first: bool = False) -> None:
         self.root = validate_root(root)
         # The kernel names mount points by their real path: /var/run/nvidia/mps/shm is mounted as /run/...
         self.given_path = os.path.join(self.root, SHM_DIR)
@@ -123,7 +123,7 @@ class ShmManager:
         self.selinux_type = selinux_type
         # The caller stops every daemon of the root before the unmount (mps_host state=absent): its plan does not
         # refuse for them; the run itself checks again once they are stopped.
-        self.daemons_stop_first = False
+        self.daemons_stop_first = daemons_stop_first
         # The run's view of the host (_observe.view.HostView): every decision here reads it (ensure() reads its own).
         self.view: t.Any = None
 
@@ -149,7 +149,7 @@ class ShmManager:
 
     @classmethod
     def for_host(cls, root: str, state: str, persist: str, fstab: str, unit_dir: str, check_mode: bool, selinux_type: t.Any,
-                 param: str = 'persist') -> 'ShmManager':
+                 param: str = 'persist', daemons_stop_first: bool = False) -> 'ShmManager':
         """The manager for this host: V(auto) persistence resolved, systemctl where systemd runs, options checked."""
         systemd = systemd_is_pid1()
         systemctl_path = shutil.which('systemctl')
@@ -162,7 +162,14 @@ class ShmManager:
         systemctl = Systemctl(systemctl_path) if systemctl_path and systemd else None
         # mount and umount are found lazily: a teardown of a host that never had the tmpfs needs neither.
         return cls(root, persist, fstab, unit_dir, check_mode, Mounter(shutil.which('mount'), shutil.which('umount')),
-                   systemctl=systemctl, selinux_type=validate_selinux_type(selinux_type))
+                   systemctl=systemctl, selinux_type=validate_selinux_type(selinux_type), daemons_stop_first=daemons_stop_first)
+
+    def never_here(self, view: t.Any) -> bool:
+        """Whether the view shows no tmpfs directory, fstab line or mount unit of this root: a teardown of a host that
+        never had one has nothing of it to remove (and needs neither mount nor umount)."""
+        self.view = view
+        persisted = self._persisted()
+        return not view.paths.isdir(self.given_path) and not persisted['fstab'] and not persisted['unit']
 
     def _persisted(self) -> t.Dict[str, t.Any]:
         fstab = self._read(self.fstab, 'the fstab') or ''
@@ -206,8 +213,11 @@ class ShmManager:
         out.warnings += orphan_warnings(self.view.orphans(), [])  # said, never acted on (gpufleet.mps.mps_host does)
         return out
 
-    def plan(self, state: str, size: object) -> ShmOutcome:
-        """Read the tmpfs and its persistence and plan every action; nothing is changed here."""
+    def plan(self, state: str, size: object, view: t.Any = None) -> ShmOutcome:
+        """Every action, decided from the view (``view``: the host's, when mps_host decides; mps_shm's own run reads its
+        own first); nothing is read or changed here."""
+        if view is not None:
+            self.view = view
         kib = size_kib(size, self.pages) if state == 'mounted' else None
         if kib is not None and self.persist == 'systemd':
             check_unit_path(self.path, 'root')

@@ -316,8 +316,10 @@ class DaemonSetup:
     unit_dir: str = UNIT_DIR
 
     @classmethod
-    def from_params(cls, params: t.Mapping[str, t.Any], binary: t.Callable[[t.Optional[str]], str]) -> 'DaemonSetup':
-        """Refuse bad input, naming the option, before anything is touched; pick the supervisor."""
+    def from_params(cls, params: t.Mapping[str, t.Any], binary: t.Callable[[t.Optional[str]], str],
+                    unit_dir: str = UNIT_DIR) -> 'DaemonSetup':
+        """Refuse bad input, naming the option, before anything is touched; pick the supervisor (its units in
+        ``unit_dir``)."""
         for timeout in ('start_timeout', 'stop_timeout', 'busy_timeout'):
             if params[timeout] < 0 or (timeout != 'stop_timeout' and params[timeout] == 0):
                 raise InvalidParameterError(timeout, 'must be a positive number of seconds, got %d' % params[timeout])
@@ -366,7 +368,7 @@ class DaemonSetup:
             raise InvalidParameterError('unit_before' if before else 'unit_after', 'needs supervisor=systemd (it orders the '
                                         "daemon's systemd unit); the daemons here run with supervisor=%s" % supervisor)
         return cls(paths, config, container, daemon, supervisor, systemctl, nvidia_smi, params['busy'], params['busy_timeout'],
-                   selinux_type, before, after)
+                   selinux_type, before, after, unit_dir=unit_dir)
 
     def manager(self, nvml: Nvml, check_mode: bool, host: t.Optional[HostContext] = None) -> 'DaemonManager':
         return DaemonManager(self.paths, self.config, self.daemon, nvml, self.supervisor, check_mode, systemctl=self.systemctl,

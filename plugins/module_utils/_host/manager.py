@@ -128,9 +128,7 @@ class HostManager:
                       shm=p['shm'], container_root=p['container_root'], selinux_type=p['selinux_type'],
                       unit_before=p['unit_before'], unit_after=p['unit_after'])
         try:
-            setup = DaemonSetup.from_params(values, self.binary)
-            setup.unit_dir = self.unit_dir
-            return setup
+            return DaemonSetup.from_params(values, self.binary, unit_dir=self.unit_dir)
         except InvalidParameterError as exc:
             if plan is not None and exc.param in RESOURCE_KEYS:
                 raise exc.within('resources[%s]' % name) from exc
@@ -394,11 +392,9 @@ class HostManager:
         if manager is None:
             return
         absent = self.params['state'] == 'absent'
-        manager.view = self.view
-        persisted = manager._persisted()
-        if absent and not self.view.paths.isdir(manager.given_path) and not persisted['fstab'] and not persisted['unit']:
+        if absent and manager.never_here(self.view):
             return
-        out.take('shm', manager.plan('absent' if absent else 'mounted', self.params['shm_size']))
+        out.take('shm', manager.plan('absent' if absent else 'mounted', self.params['shm_size'], view=self.view))
 
     # --- after -------------------------------------------------------------------------------------
     def _check_healthy(self, listed: t.List[_Resource]) -> None:

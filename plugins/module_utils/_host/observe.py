@@ -73,11 +73,9 @@ def _shm_manager(host: t.Any) -> t.Optional[t.Any]:
         return None
     # Imported here: only hosts with shm, and teardowns, need it.
     from .._shm import ShmManager  # pylint: disable=import-outside-toplevel
-    manager = ShmManager.for_host(host.root, 'absent' if absent else 'mounted', p['shm_persist'], '/etc/fstab', host.unit_dir,
-                                  host.check_mode, p['selinux_type'], param='shm_persist')
-    # The plan stops every daemon of the root before the unmount.
-    manager.daemons_stop_first = absent
-    return manager
+    # The plan stops every daemon of the root before the unmount (daemons_stop_first).
+    return ShmManager.for_host(host.root, 'absent' if absent else 'mounted', p['shm_persist'], '/etc/fstab', host.unit_dir,
+                               host.check_mode, p['selinux_type'], param='shm_persist', daemons_stop_first=absent)
 
 
 def _observe_units(host: t.Any, resources: t.List[t.Any], managers: t.Mapping[str, t.Any], view: HostView) -> None:

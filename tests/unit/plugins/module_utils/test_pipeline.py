@@ -22,9 +22,7 @@ def _setup(base, supervisor, state):
                   name='train', state=state, devices=[0, 1], multiuser=False, compute_mode='exclusive_process', supervisor=supervisor,
                   start_timeout=10, stop_timeout=5, busy='refuse', busy_timeout=5, log_mode='0700', shm=False,
                   container_root='/mps', selinux_type='')
-    setup = DaemonSetup.from_params(params, control_binary)
-    setup.unit_dir = str(base / 'units')
-    return setup
+    return DaemonSetup.from_params(params, control_binary, unit_dir=str(base / 'units'))
 
 
 @pytest.mark.parametrize('supervisor', ['none', 'systemd'])
