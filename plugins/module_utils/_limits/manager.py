@@ -28,6 +28,7 @@ from .model import (
     check_replicas,
     EVERY_GPU,
     Limits,
+    less_than_one_sm,
     parse_mem_limit,
     parse_percentage as parse_wanted_percentage,
     parse_priority,
@@ -253,6 +254,10 @@ class LimitsManager(LimitsObserve, PriorityCheck, PartitionPlan):
         out.limits = self._describe(wanted, scope)
         if replicas is not None and (self.planned is not None or self.scope_known):
             out.warnings += replica_warnings(wanted.replicas, self.planned if self.planned is not None else scope)
+        if not self.exact and self.scope_known and (percentage is not None or replicas is not None):
+            # mps_limits; mps_host's plan says it once for the whole host (_host/plan.py).
+            out.warnings += less_than_one_sm(wanted.active_thread_percentage, scope,
+                                             'active_thread_percentage' if percentage is not None else 'replicas')
         # Observed (one UI process for a running daemon), then decided by a pure function of it.
         if running:
             pct, mem_read, servers, readout = self.read(scope, pid)

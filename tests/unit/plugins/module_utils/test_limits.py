@@ -497,3 +497,16 @@ def test_what_mps_limits_is_not_given_keeps_its_persisted_value(manager, tmp_pat
     assert (kept.active_thread_percentage, kept.client_priority, kept.sm_partitions) == (25.0, 1, (8, 4))
     made.sm_partitions = []
     assert made.wanted(h100, None, None, None).sm_partitions == ()
+
+
+def test_mps_limits_warns_when_a_share_is_less_than_one_sm_of_its_mig_device(tmp_path):
+    from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import MigDevice  # pylint: disable=import-outside-toplevel
+    small = MigDevice(0, 'MIG-small', 'NVIDIA H100 80GB HBM3 MIG 1g.10gb', 9984, (9, 0), 'unsupported', None, None, None,
+                      mig_index=0, profile='1g.10gb', multiprocessor_count=16, compute_instance_slices=1)
+    started(tmp_path, [small])
+    out = limits_manager(tmp_path, [small]).ensure(5, None, None, 'ignore', persist_limits=True, create=False)
+    assert [w for w in out.warnings if 'SMs' in w] == [
+        'active_thread_percentage: 5.0%% of the 16 SMs of %s is less than one SM; the smallest percentage that gives one is 6.3'
+        % small.label]
+    out = limits_manager(tmp_path, [small]).ensure(6.3, None, None, 'ignore', persist_limits=True, create=False)
+    assert [w for w in out.warnings if 'SMs' in w] == []
