@@ -13,7 +13,7 @@ import re
 import typing as t
 from dataclasses import dataclass
 
-from ._errors import NvmlError
+from ._errors import InvalidParameterError, NvmlError
 
 try:
     import pynvml
@@ -35,6 +35,17 @@ MPS_ENUMERATION_VAR = 'NVML_MPS_DEVICE_ENUMERATION'
 ENUMERATION_WARNING = ('%s was set in the module environment; it was ignored (it makes NVML compute-mode calls fail)'
                        % MPS_ENUMERATION_VAR)
 VOLTA_CC = (7, 0)
+
+
+def check_multiuser(devices: t.Sequence[t.Any], param: str = 'multiuser') -> None:
+    """The one refusal of a multi-user daemon on GPUs older than Volta (mps_daemon, mps_host and the role's preflight)."""
+    old = [gpu for gpu in devices if gpu.compute_capability < VOLTA_CC]
+    if old:
+        raise InvalidParameterError(param, 'needs GPUs of compute capability 7.0 (Volta) or newer: %s %s older. The driver '
+                                    'starts -multiuser-server below it, but clients that are not root then fail to connect; '
+                                    'use multiuser=false (one server per user) on these GPUs' % (
+                                        ', '.join('GPU %d (%s, %s, %d.%d)' % ((gpu.index, gpu.uuid, gpu.name) + gpu.compute_capability)
+                                                  for gpu in old), 'is' if len(old) == 1 else 'are'))
 # MPS clients per GPU: 16 before Volta, 48 from Volta on; NVIDIA's MPS documentation of the r590 drivers
 # (CUDA 13.1) says 60, "increased from 48" on CUDA 13.0 and before.
 PRE_VOLTA_CLIENTS = 16

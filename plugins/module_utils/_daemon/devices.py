@@ -7,7 +7,7 @@ from __future__ import annotations
 import typing as t
 
 from .._errors import DeviceSelectionError, InvalidParameterError
-from .._gpus import VOLTA_CC, Gpu, all_devices, is_mig_uuid
+from .._gpus import Gpu, all_devices, check_multiuser, is_mig_uuid
 from .._observe.scan import ForeignDaemon, gpu_claims
 from .._outcome import Outcome
 from .._resource.record import StartRecord
@@ -72,13 +72,8 @@ class DeviceChoice:
                                       'for a GPU in MIG mode); the instance is isolated by MIG instead' % (
                                           compute_mode.upper(), devices[0].label))
             compute_mode = 'unchanged'
-        old = [gpu for gpu in devices if gpu.compute_capability < VOLTA_CC]
-        if multiuser and old:
-            raise InvalidParameterError('multiuser', 'needs GPUs of compute capability 7.0 (Volta) or newer: %s %s older. The '
-                                        'driver starts -multiuser-server below it, but clients that are not root then fail '
-                                        'to connect; use multiuser=false (one server per user) on these GPUs' % (
-                                            ', '.join('GPU %d (%s, %s, %d.%d)' % ((gpu.index, gpu.uuid, gpu.name) + gpu.compute_capability)
-                                                      for gpu in old), 'is' if len(old) == 1 else 'are'))
+        if multiuser:
+            check_multiuser(devices)
         owners = self.owned_elsewhere()
         taken = [(gpu, owners[gpu.uuid]) for gpu in devices if gpu.uuid in owners]
         if taken:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from ansible.module_utils.parsing.convert_bool import BOOLEANS_FALSE, BOOLEANS_TRUE
 
 from .._errors import DeviceSelectionError, InvalidParameterError
-from .._gpus import VOLTA_CC, Gpu
+from .._gpus import Gpu, check_multiuser
 from .._limits.partitions import check_partition_gpus, parse_partitions
 from .._options import RESOURCE_KEYS
 from .._limits.model import (
@@ -217,7 +217,5 @@ def _check_limits(plan: ResourcePlan, where: str, gpus: t.Sequence[Gpu]) -> None
         if plan.replicas is not None and not plan.oversubscribe:
             check_shares_fit(mib, plan.replicas, plan.devices, param)
         plan.limits['pinned_device_mem_limit'] = mib
-    old = [gpu for gpu in plan.devices if gpu.compute_capability < VOLTA_CC]
-    if plan.multiuser and old:
-        raise InvalidParameterError(where + '.multiuser', 'needs GPUs of compute capability 7.0 or newer; %s' % ', '.join(
-            'GPU %d (%s) is %d.%d' % ((gpu.index, gpu.name) + gpu.compute_capability) for gpu in old))
+    if plan.multiuser:
+        check_multiuser(plan.devices, where + '.multiuser')
