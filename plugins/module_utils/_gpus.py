@@ -46,6 +46,8 @@ def check_multiuser(devices: t.Sequence[t.Any], param: str = 'multiuser') -> Non
                                     'use multiuser=false (one server per user) on these GPUs' % (
                                         ', '.join('GPU %d (%s, %s, %d.%d)' % ((gpu.index, gpu.uuid, gpu.name) + gpu.compute_capability)
                                                   for gpu in old), 'is' if len(old) == 1 else 'are'))
+
+
 # MPS clients per GPU: 16 before Volta, 48 from Volta on; NVIDIA's MPS documentation of the r590 drivers
 # (CUDA 13.1) says 60, "increased from 48" on CUDA 13.0 and before.
 PRE_VOLTA_CLIENTS = 16
