@@ -129,7 +129,7 @@ class Collector:
                 if request.name not in (None, name) or not (seen.state.running and seen.state.pid):
                     continue
                 record = seen.record if seen.problem is None else None
-                read_process(view, seen.state.pid, seen.paths.shm_dir, record is not None)
+                read_process(view, seen.state.pid, seen.paths.shm_dir, record_known=record is not None)
                 static = record.static_partitioning if record is not None else bool(view.static_args.get(seen.state.pid))
                 self._ask(view, seen, len(record.devices) if record is not None else 0, static)
         return view.seal()

@@ -142,7 +142,7 @@ class ShmManager:
             read_labels(view, [self.path])
         for seen in view.resources.values():
             if (seen.state.running or seen.state.conflict) and seen.state.pid:
-                read_process(view, seen.state.pid, self.path, True)
+                read_process(view, seen.state.pid, self.path, record_known=True)
 
     def _read(self, path: str, what: str) -> t.Optional[str]:
         return self.view.text(path, what)

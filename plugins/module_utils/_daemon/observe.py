@@ -18,7 +18,7 @@ from .._resource.layout import SHM_DIR
 class DaemonObserve:
     """Of :class:`.manager.DaemonManager`: its view of the host, read once (its ``wants``, then the probes)."""
 
-    def wants(self, shm: bool, state: str = 'started') -> Wants:
+    def wants(self, *, shm: bool, state: str = 'started') -> Wants:
         """Every path a decision about this resource may look at, beyond its own directories and persisted files."""
         wants = Wants()
         if self.systemctl is not None or self.supervisor == 'systemd':
@@ -37,12 +37,12 @@ class DaemonObserve:
 
     def observe(self, state: str, shm: bool, remove_logs: bool = False) -> t.Any:
         """Read the host once for this resource's decision (under its lock in a real run), and seal it."""
-        view = read_host(self.paths.root, self.nvml.gpus(), [(self.paths, self.config)], self.wants(shm, state),
+        view = read_host(self.paths.root, self.nvml.gpus(), [(self.paths, self.config)], self.wants(shm=shm, state=state),
                          with_logs=state == 'absent' and remove_logs)
-        self.probe(view, state, shm, ordinals=0)
+        self.probe(view, state, shm=shm, ordinals=0)
         return view.seal()
 
-    def probe(self, view: t.Any, state: str, shm: bool, ordinals: t.Optional[int]) -> None:
+    def probe(self, view: t.Any, state: str, *, shm: bool, ordinals: t.Optional[int]) -> None:
         """What only some decisions need, read into ``view`` before it is sealed: the unit's state, one control batch of a
         running daemon (its health, its servers' clients; its limits for ``ordinals`` devices, None: read elsewhere), its
         process, the binary's help where the persisted limits need a command it may lack, SELinux labels, whether a
@@ -55,7 +55,7 @@ class DaemonObserve:
             read_daemon(view, self.paths.name, self.daemon.query, ordinals, seen.state.pid)
             self.daemon.answered = True
         if running:
-            read_process(view, seen.state.pid, self.paths.shm_dir, seen.problem is None and seen.record is not None)
+            read_process(view, seen.state.pid, self.paths.shm_dir, record_known=seen.problem is None and seen.record is not None)
         if self.selinux_type:
             read_labels(view, [self.paths.pipe_dir])
         if state in ('stopped', 'absent'):

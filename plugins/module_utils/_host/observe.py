@@ -30,7 +30,7 @@ def observe(host: t.Any, listed: t.List[t.Any]) -> t.Tuple[HostView, t.List[t.An
         wants.merge(shm.wants())
     managers = {res.name: res.setup.manager(host.nvml, host.check_mode) for res in listed}
     for res in listed:
-        wants.merge(managers[res.name].wants(p['shm']))
+        wants.merge(managers[res.name].wants(shm=p['shm']))
     view = read_host(host.root, host.nvml.gpus(), [(res.setup.paths, res.setup.config) for res in listed], wants,
                      with_logs=absent and p['remove_logs'], config_dir=host.config_dir)
     removed = host.removed_setups(view, listed)
@@ -39,7 +39,7 @@ def observe(host: t.Any, listed: t.List[t.Any]) -> t.Tuple[HostView, t.List[t.An
         more = Wants()
         for res in removed:
             managers[res.name] = res.setup.manager(host.nvml, host.check_mode)
-            more.merge(managers[res.name].wants(False)).add(others=managers[res.name].removal_paths())
+            more.merge(managers[res.name].wants(shm=False)).add(others=managers[res.name].removal_paths())
         if view.mountinfo is None:
             view.mountinfo = read_mountinfo()
             view.paths = view.paths.with_mounts(view.mountinfo)
@@ -49,7 +49,7 @@ def observe(host: t.Any, listed: t.List[t.Any]) -> t.Tuple[HostView, t.List[t.An
     for res in listed:
         # The one control batch of each running daemon (defaults, servers, their limits and clients).
         host.limits_manager(res, view=view).probe(view)
-        managers[res.name].probe(view, 'started', p['shm'], ordinals=None)
+        managers[res.name].probe(view, 'started', shm=p['shm'], ordinals=None)
     for name, seen in sorted(view.resources.items()):
         # A daemon the plan stops or removes, listed or not: its servers' clients, which busy decides about.
         if seen.state.running and seen.state.pid and name not in view.readouts:
@@ -58,7 +58,7 @@ def observe(host: t.Any, listed: t.List[t.Any]) -> t.Tuple[HostView, t.List[t.An
                 read_daemon(view, name, manager.daemon.query, 0, seen.state.pid)
                 manager.daemon.answered = True
     for res in removed:
-        managers[res.name].probe(view, 'absent', False, ordinals=None)
+        managers[res.name].probe(view, 'absent', shm=False, ordinals=None)
     read_orphan_servers(view)
     if shm is not None:
         shm.probe(view)

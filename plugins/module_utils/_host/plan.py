@@ -81,7 +81,7 @@ def replicas_for(replicas: t.Any, gpu_name: str, param: str, profile: str = '') 
         'MIG profile %r (%s)' % (profile, gpu_name) if profile else 'GPU model %r' % gpu_name))
 
 
-def _entries(resources: t.Any, param: str, strict_keys: bool) -> t.Iterator[t.Tuple[t.Dict[str, t.Any], str]]:
+def _entries(resources: t.Any, param: str, *, strict_keys: bool) -> t.Iterator[t.Tuple[t.Dict[str, t.Any], str]]:
     """Each entry with its checked name, in order: a list of mappings with valid, unique names (and known keys)."""
     if not isinstance(resources, list):
         raise InvalidParameterError(param, 'must be a list of resources (mappings with a name)')
@@ -109,7 +109,7 @@ def plan_resources(resources: t.Any, gpus: t.Sequence[Gpu], param: str = 'resour
     """
     owner: t.Dict[str, str] = {}
     plans = []
-    for resource, name in _entries(resources, param, strict_keys):
+    for resource, name in _entries(resources, param, strict_keys=strict_keys):
         where = '%s[%s]' % (param, name)
         devices = resource.get('devices')
         chosen = resolve_devices('all' if devices is None else devices, gpus, param=where + '.devices', warnings=warnings)
@@ -170,7 +170,7 @@ def check_resources(resources: t.Any, param: str = 'resources') -> None:
     Keys, names, percentages, the form of sizes and replica counts. The rest (devices, sizes against memory,
     replicas against each GPU) is :func:`plan_resources`' on the host, with the same messages.
     """
-    for resource, name in _entries(resources, param, True):
+    for resource, name in _entries(resources, param, strict_keys=True):
         where = '%s[%s]' % (param, name)
         multiuser(resource, where)
         boolean(resource, 'oversubscribe', where)

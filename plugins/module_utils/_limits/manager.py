@@ -138,7 +138,7 @@ class LimitsManager(LimitsObserve, PriorityCheck, PartitionPlan):
             self.start_follows = True
 
     # --- what the daemon has ----------------------------------------------------------------------
-    def scope(self, create: bool) -> t.Tuple[t.List[Gpu], bool, t.Optional[int]]:
+    def scope(self, *, create: bool) -> t.Tuple[t.List[Gpu], bool, t.Optional[int]]:
         """The daemon's GPUs in ordinal order, whether it runs, and its pid."""
         seen = self.view.resource(self.paths.name)
         state = self.state = seen.state
@@ -247,7 +247,7 @@ class LimitsManager(LimitsObserve, PriorityCheck, PartitionPlan):
               create: bool) -> LimitsOutcome:
         """Plan every action from the view (the daemon's one control batch, the record); nothing is read or changed here."""
         refuse_unsafe_dirs(managed_dirs(self.paths, self.config.config_dir), self.view.paths)
-        scope, running, pid = self.scope(create)
+        scope, running, pid = self.scope(create=create)
         wanted = self.wanted(scope, percentage, mem, replicas)
         persisted = read_persisted(self.config, self.read_file)
         out = LimitsOutcome(running=running, wanted=wanted)

@@ -51,8 +51,8 @@ class LimitsObserve:
         self.view = view
         seen = view.resource(self.paths.name)
         if seen.problem is None and seen.state.running and seen.state.pid:
-            read_process(view, seen.state.pid, None, seen.record is not None)
-        scope, running, pid = self.scope(True)
+            read_process(view, seen.state.pid, None, record_known=seen.record is not None)
+        scope, running, pid = self.scope(create=True)
         prober = self.prober or self.daemon
         missing = self.missing_binary
         if running and self.daemon is None and missing is not None:

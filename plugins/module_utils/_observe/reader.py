@@ -162,7 +162,7 @@ def clients_of(readout: t.Any) -> t.List[t.Dict[str, t.Any]]:
             for server in readout.servers for client in server.clients]
 
 
-def read_process(view: HostView, pid: int, shm_dir: t.Optional[str], record_known: bool) -> None:
+def read_process(view: HostView, pid: int, shm_dir: t.Optional[str], *, record_known: bool) -> None:
     """What a running daemon's process shows: its /dev/shm (``shm_dir``: the tmpfs to compare with, where it exists; None:
     not asked), and - without a start record - its CUDA_VISIBLE_DEVICES and whether it was started with -S."""
     if shm_dir is not None and pid not in view.dev_shm:

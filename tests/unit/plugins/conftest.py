@@ -110,7 +110,7 @@ def see():
 
     def build(manager, state=None, dev_shm=None, clients=(), unit=(True, True), gpus=(), daemons=((), ()), offered=None,
               shm_namespace=''):
-        wants = resource_wants(manager.paths, manager.config).merge(manager.wants(True, 'absent'))
+        wants = resource_wants(manager.paths, manager.config).merge(manager.wants(shm=True, state='absent'))
         view = HostView(list(gpus))
         view.mountinfo = read_mountinfo()
         view.realpaths[manager.paths.shm_dir] = os.path.join(os.path.realpath(manager.paths.root), 'shm')

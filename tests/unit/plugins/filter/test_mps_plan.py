@@ -59,7 +59,7 @@ def test_default_resource_takes_every_gpu_and_has_no_limits():
     ([{'name': 'a', 'devices': [0], 'pinned_device_mem_limit': {}}], r'must be a size or a non-empty mapping'),
     ([{'name': 'a', 'devices': [0, 1], 'pinned_device_mem_limit': {1: '90G'}}], 'more than GPU 1'),
     ([{'name': 'a', 'devices': [0], 'active_thread_percentage': 150}], r'mps_resources\[a\]\.active_thread_percentage'),
-    ([{'name': 'a', 'devices': [2], 'multiuser': True}], r'multiuser: needs GPUs of compute capability 7\.0 or newer; GPU 2'),
+    ([{'name': 'a', 'devices': [2], 'multiuser': True}], r'multiuser: needs GPUs of compute capability 7\.0 \(Volta\) or newer: GPU 2'),
     ([{'devices': [0]}], 'with a name'),
 ])
 def test_preflight_refuses_bad_resource_lists_naming_the_resource(resources, message):

@@ -269,9 +269,9 @@ def test_the_state_acted_on_is_read_under_the_resource_lock(tmp_path, monkeypatc
     seen = []
     original = limits.scope
 
-    def scope(create):
+    def scope(*, create):
         seen.append(lock.held)
-        return original(create)
+        return original(create=create)
 
     limits.scope = scope
     out = limits.ensure(None, None, 4, 'ignore', persist_limits=True, create=True)
