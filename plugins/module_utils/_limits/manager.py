@@ -128,6 +128,8 @@ class LimitsManager(LimitsObserve, PriorityCheck, PartitionPlan):
         self.prober: t.Optional[Daemon] = prober
         # Why there is no daemon to talk to (mps_limits without a usable control binary): said when one runs.
         self.missing_binary: t.Optional[MpsError] = missing_binary
+        # mps_host's entry (_host.plan.ResourcePlan), its values checked and parsed once, by the plan.
+        self.entry = entry
         if entry is not None:
             # mps_host's entry: exact limits, its options, its planned devices; the same plan starts the daemon.
             self.exact = True
@@ -198,6 +200,8 @@ class LimitsManager(LimitsObserve, PriorityCheck, PartitionPlan):
         of the host could take it, so that a limit meant for the large GPUs of a mixed host is not refused for the
         small ones of another resource. The fleet role's pre-flight checks it against the resource's own GPUs.
         """
+        if self.entry is not None:
+            return self._entry_limits()
         previous = Limits() if self.exact else read_persisted(self.config, self.read_file) or Limits()
         # what is not given keeps its persisted value (mps_limits); exact mode starts from nothing
         limits = Limits(previous.active_thread_percentage, dict(previous.pinned_device_mem_limit), previous.replicas,
@@ -227,6 +231,26 @@ class LimitsManager(LimitsObserve, PriorityCheck, PartitionPlan):
             check_fits(limits.pinned_device_mem_limit, checked, param)  # a GPU named in a mapping: its own size, always
             if replicas is not None and not self.oversubscribe:
                 check_shares_fit(limits.pinned_device_mem_limit, replicas, checked, param)
+        return limits
+
+    def _entry_limits(self) -> Limits:
+        """mps_host's wanted limits: its entry's, as its plan checked and parsed them against the entry's own GPUs
+        (``_host/plan.py``; the checks run once, there). Exact: what the entry does not give is not wanted."""
+        entry = self.entry
+        parsed = entry.limits
+        limits = Limits()
+        if entry.replicas is not None:
+            limits.replicas = entry.replicas
+            limits.active_thread_percentage = float(100 // entry.replicas)
+            limits.pinned_device_mem_limit = {gpu.uuid: gpu.memory_total_mib // entry.replicas for gpu in entry.devices}
+        if 'active_thread_percentage' in parsed:
+            limits.active_thread_percentage = parsed['active_thread_percentage']
+        if 'client_priority' in parsed:
+            limits.client_priority = parsed['client_priority']
+        if entry.sm_partitions is not None:
+            limits.sm_partitions = tuple(parsed.get('sm_partitions', ()))
+        if 'pinned_device_mem_limit' in parsed:
+            limits.pinned_device_mem_limit = dict(parsed['pinned_device_mem_limit'])
         return limits
 
     # --- read, compare, apply ---------------------------------------------------------------------
