@@ -20,8 +20,8 @@ from .._gpus import Gpu, check_multiuser
 from .._limits.partitions import check_partition_gpus, parse_partitions
 from .._options import RESOURCE_KEYS
 from .._limits.model import (
-    as_count, check_fits, check_replicas, check_shares_fit, less_than_one_sm, parse_mem_limit, parse_percentage, parse_priority,
-    parse_size)
+    Limits, as_count, check_fits, check_replicas, check_shares_fit, less_than_one_sm, parse_mem_limit, parse_percentage,
+    parse_priority, parse_size, replica_limits)
 from .._resource.layout import validate_name
 from .._selectors import resolve_devices
 
@@ -48,6 +48,24 @@ class ResourcePlan:
     def has_limits(self) -> bool:
         return (self.replicas is not None or self.active_thread_percentage is not None or self.pinned_device_mem_limit is not None
                 or self.client_priority is not None or bool(self.sm_partitions))
+
+    def wanted_limits(self) -> Limits:
+        """The limits mps_host wants for this entry, as :func:`plan_resources` checked and parsed them against the entry's
+        own GPUs (the checks run once, here). Exact: what the entry does not give is not wanted."""
+        parsed = self.limits
+        limits = Limits()
+        if self.replicas is not None:
+            limits.replicas = self.replicas
+            limits.active_thread_percentage, limits.pinned_device_mem_limit = replica_limits(self.replicas, self.devices)
+        if 'active_thread_percentage' in parsed:
+            limits.active_thread_percentage = parsed['active_thread_percentage']
+        if 'client_priority' in parsed:
+            limits.client_priority = parsed['client_priority']
+        if self.sm_partitions is not None:
+            limits.sm_partitions = tuple(parsed.get('sm_partitions', ()))
+        if 'pinned_device_mem_limit' in parsed:
+            limits.pinned_device_mem_limit = dict(parsed['pinned_device_mem_limit'])
+        return limits
 
     def as_dict(self) -> t.Dict[str, t.Any]:
         """The form the role's ``mps_plan`` filter has always returned."""
@@ -133,7 +151,7 @@ def plan_resources(resources: t.Any, gpus: t.Sequence[Gpu], param: str = 'resour
         if warnings is not None:
             share = plan.limits.get('active_thread_percentage')
             if share is None and replicas:
-                share = float(100 // replicas)  # as _limits.manager derives it
+                share = replica_limits(replicas, ())[0]
             key = '.active_thread_percentage' if 'active_thread_percentage' in plan.limits else '.replicas'
             warnings.extend(less_than_one_sm(share, chosen, where + key))
         plans.append(plan)

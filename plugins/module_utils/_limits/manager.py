@@ -32,6 +32,7 @@ from .model import (
     parse_mem_limit,
     parse_percentage as parse_wanted_percentage,
     parse_priority,
+    replica_limits,
     replica_warnings,
 )
 from .decide import LimitsSeen, decide_limits
@@ -201,9 +202,9 @@ class LimitsManager(LimitsObserve, PriorityCheck, PartitionPlan):
         small ones of another resource. The fleet role's pre-flight checks it against the resource's own GPUs.
         """
         if self.entry is not None:
-            return self._entry_limits()
-        previous = Limits() if self.exact else read_persisted(self.config, self.read_file) or Limits()
-        # what is not given keeps its persisted value (mps_limits); exact mode starts from nothing
+            return self.entry.wanted_limits()  # mps_host: exact, checked once by its plan
+        # what is not given keeps its persisted value (mps_limits)
+        previous = read_persisted(self.config, self.read_file) or Limits()
         limits = Limits(previous.active_thread_percentage, dict(previous.pinned_device_mem_limit), previous.replicas,
                         previous.client_priority, previous.sm_partitions)
         unknown = not self.scope_known and bool(scope)
@@ -211,18 +212,17 @@ class LimitsManager(LimitsObserve, PriorityCheck, PartitionPlan):
             # The count as a number from here on ("4" from a template is 4; anything else is refused here).
             replicas = limits.replicas = check_replicas(replicas, [max(scope, key=lambda gpu: gpu.max_mps_clients)] if unknown
                                                         else scope)
-            limits.active_thread_percentage = float(100 // replicas)
-            # The resource's own GPUs where they are known (planned, or its daemon's); before its first start, every GPU
-            # it could be given - its start keeps those of its own (add_replica_shares, own_shares).
-            own = self.planned if self.planned is not None else scope if self.scope_known else self._usable()
-            limits.pinned_device_mem_limit = {gpu.uuid: gpu.memory_total_mib // replicas for gpu in own}
+            # The resource's own GPUs where they are known (its daemon's); before its first start, every GPU it could be
+            # given - its start keeps those of its own (add_replica_shares, own_shares).
+            own = scope if self.scope_known else self._usable()
+            limits.active_thread_percentage, limits.pinned_device_mem_limit = replica_limits(replicas, own)
         if percentage is not None:
             limits.active_thread_percentage = parse_wanted_percentage(percentage)
         if self.client_priority is not None:
             limits.client_priority = parse_priority(self.client_priority)
         if self.sm_partitions is not None:
             limits.sm_partitions = parse_partitions(self.sm_partitions)
-            check_partition_gpus(limits.sm_partitions, self.planned if self.planned is not None else scope if self.scope_known else [])
+            check_partition_gpus(limits.sm_partitions, scope if self.scope_known else [])
         if mem is not None:
             param = 'pinned_device_mem_limit'
             limits.pinned_device_mem_limit = parse_mem_limit(mem, self.gpus, scope, param)
@@ -231,26 +231,6 @@ class LimitsManager(LimitsObserve, PriorityCheck, PartitionPlan):
             check_fits(limits.pinned_device_mem_limit, checked, param)  # a GPU named in a mapping: its own size, always
             if replicas is not None and not self.oversubscribe:
                 check_shares_fit(limits.pinned_device_mem_limit, replicas, checked, param)
-        return limits
-
-    def _entry_limits(self) -> Limits:
-        """mps_host's wanted limits: its entry's, as its plan checked and parsed them against the entry's own GPUs
-        (``_host/plan.py``; the checks run once, there). Exact: what the entry does not give is not wanted."""
-        entry = self.entry
-        parsed = entry.limits
-        limits = Limits()
-        if entry.replicas is not None:
-            limits.replicas = entry.replicas
-            limits.active_thread_percentage = float(100 // entry.replicas)
-            limits.pinned_device_mem_limit = {gpu.uuid: gpu.memory_total_mib // entry.replicas for gpu in entry.devices}
-        if 'active_thread_percentage' in parsed:
-            limits.active_thread_percentage = parsed['active_thread_percentage']
-        if 'client_priority' in parsed:
-            limits.client_priority = parsed['client_priority']
-        if entry.sm_partitions is not None:
-            limits.sm_partitions = tuple(parsed.get('sm_partitions', ()))
-        if 'pinned_device_mem_limit' in parsed:
-            limits.pinned_device_mem_limit = dict(parsed['pinned_device_mem_limit'])
         return limits
 
     # --- read, compare, apply ---------------------------------------------------------------------

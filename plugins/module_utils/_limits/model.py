@@ -360,6 +360,12 @@ def replica_warnings(replicas: t.Optional[int], gpus: t.Sequence[t.Any]) -> t.Li
     return found
 
 
+def replica_limits(replicas: int, gpus: t.Iterable[t.Any]) -> t.Tuple[float, t.Dict[str, int]]:
+    """What one of ``replicas`` clients of each of ``gpus`` gets, as NVIDIA's device plugin computes it: the thread
+    percentage ``100 // replicas`` and, per GPU, ``total_MiB // replicas`` of pinned memory."""
+    return float(100 // replicas), {gpu.uuid: gpu.memory_total_mib // replicas for gpu in gpus}
+
+
 def as_count(value: t.Any, param: str) -> t.Any:
     """A whole number given as text (``"4"``, as ``-e`` and templates give it) as the number, as a percentage's is;
     anything else as it is, for the check that follows to refuse."""
