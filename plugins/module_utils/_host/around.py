@@ -12,7 +12,7 @@ import os
 import re
 import typing as t
 
-from .._errors import InvalidParameterError
+from .._errors import InvalidParameterError, MpsError
 from .._io import atomic_write, ensure_dir, read_text, remove
 from .._observe.reader import Wants
 from .._observe.view import HostView
@@ -54,6 +54,44 @@ def _metrics_dir(script: t.Optional[str]) -> t.Optional[str]:
     """Where a health check script writes its metrics (None: nowhere)."""
     found = re.search(r"^metrics_dir='([^'\n]+)'$", script or '', re.M)
     return found.group(1) if found else None
+
+
+def check_paths(params: t.Mapping[str, t.Any]) -> None:
+    """The paths of the files written around the daemons: absolute, or a relative one would be written under whatever
+    directory the module runs in, and never found again."""
+    for param in ('logrotate_dir', 'local_facts_dir', 'metrics_dir', 'slurm_task_prolog', 'slurm_gres_conf',
+                  'slurm_device_dir'):
+        if params.get(param) and not os.path.isabs(params[param]):
+            raise InvalidParameterError(param, '%r is not an absolute path' % params[param])
+
+
+def check_around(params: t.Mapping[str, t.Any], root: str, systemd: bool) -> None:
+    """The other options of the files around the daemons (state=present), each refusal naming the option the user
+    wrote; ``systemd``: whether systemd runs the daemons here."""
+    p = params
+    if p['health_check']:
+        if p['health_interval'] < 5:
+            raise InvalidParameterError('health_interval', 'the health check needs an interval of at least 5 s; got %d'
+                                        % p['health_interval'])
+        if p['health_timeout'] < 1:
+            raise InvalidParameterError('health_timeout', 'the health check needs a timeout of at least 1 s; got %d'
+                                        % p['health_timeout'])
+    if p['logrotate']:
+        if isinstance(p['logrotate_rotate'], bool) or p['logrotate_rotate'] < 0:
+            raise InvalidParameterError('logrotate_rotate', 'must be a number of old logs to keep, at least 0; got %r'
+                                        % (p['logrotate_rotate'],))
+        try:
+            render_logrotate(root, p['logrotate_size'], p['logrotate_rotate'])
+        except MpsError as exc:
+            raise InvalidParameterError('logrotate_size', exc.msg.replace('size: ', '', 1)) from exc
+    if p.get('metrics_dir'):
+        why = ('health_check is false' if not p['health_check'] else 'ready is false' if not p['ready'] else
+               'the daemons here run with supervisor=%s' % p['supervisor'] if p['supervisor'] == 'none' else
+               'systemd is not running here (supervisor=auto)' if not systemd else '')
+        if why:
+            raise InvalidParameterError('metrics_dir', 'nothing would write %s: the metrics are written by the health check, '
+                                        'a systemd timer that runs with health_check=true and ready=true, and %s. '
+                                        'Leave metrics_dir unset here' % (p['metrics_dir'], why))
 
 
 class Around:

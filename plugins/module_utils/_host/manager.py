@@ -26,7 +26,6 @@ session and one control UI process per running daemon.
 
 from __future__ import annotations
 
-import os
 import shutil
 import typing as t
 from dataclasses import dataclass, field
@@ -41,9 +40,8 @@ from .._options import RESOURCE_KEYS
 from .._outcome import Outcome
 from .._resource.layout import validate_root
 from .._resource.lock import HostLock
-from .._supervisor.logrotate import render_logrotate
 from .._supervisor.unit import UNIT_DIR, Systemctl, systemd_is_pid1
-from .around import READY_FILE, Around
+from .around import READY_FILE, Around, check_around, check_paths
 from .decide import decide_ready, order_steps
 from .facts import facts_text, local_facts
 from .observe import observe
@@ -91,6 +89,11 @@ class _Resource:
     first_limits: t.Optional[t.Any] = None
 
 
+def _as_entry(exc: InvalidParameterError, name: str) -> InvalidParameterError:
+    """A refusal of an entry's own key, named as the user wrote it (``resources[train].sm_partitions``)."""
+    return exc.within('resources[%s]' % name) if exc.param in RESOURCE_KEYS else exc
+
+
 class HostManager:
     """One host's MPS: its listed resources, what is removed, and the files around them."""
 
@@ -103,12 +106,7 @@ class HostManager:
         self.unit_dir = unit_dir
         self.root = validate_root(params['root'])
         self.config_dir = validate_root(params['config_dir'], 'config_dir')
-        # Paths of files written around the daemons: absolute, or a relative one would be written under whatever
-        # directory the module runs in, and never found again.
-        for param in ('logrotate_dir', 'local_facts_dir', 'metrics_dir', 'slurm_task_prolog', 'slurm_gres_conf',
-                      'slurm_device_dir'):
-            if params.get(param) and not os.path.isabs(params[param]):
-                raise InvalidParameterError(param, '%r is not an absolute path' % params[param])
+        check_paths(params)
         systemctl_path = shutil.which('systemctl')
         self.systemctl = Systemctl(systemctl_path) if systemctl_path and systemd_is_pid1() else None
         self.around = Around(params, self.root, self.config_dir, unit_dir, self.systemctl)
@@ -130,9 +128,7 @@ class HostManager:
         try:
             return DaemonSetup.from_params(values, self.binary, unit_dir=self.unit_dir)
         except InvalidParameterError as exc:
-            if plan is not None and exc.param in RESOURCE_KEYS:
-                raise exc.within('resources[%s]' % name) from exc
-            raise
+            raise _as_entry(exc, name) if plan is not None else exc
 
     def validate(self, gpus: t.Sequence[Gpu]) -> t.List[_Resource]:
         """The listed resources, every option checked; nothing read from a daemon, nothing changed."""
@@ -144,35 +140,8 @@ class HostManager:
                 # Imported here, as everything only shm needs: AnsiballZ compiles every module imported, on every run.
                 from .._tmpfs import size_kib  # pylint: disable=import-outside-toplevel
                 size_kib(p['shm_size'], param='shm_size')
-            self._check_around()
+            check_around(self.params, self.root, systemd=self.systemctl is not None)
         return [_Resource(plan.name, self._setup(plan.name, 'started', plan), plan) for plan in plans]
-
-    def _check_around(self) -> None:
-        """The options of the files around the daemons, each refusal naming the option the user wrote."""
-        p = self.params
-        if p['health_check']:
-            if p['health_interval'] < 5:
-                raise InvalidParameterError('health_interval', 'the health check needs an interval of at least 5 s; got %d'
-                                            % p['health_interval'])
-            if p['health_timeout'] < 1:
-                raise InvalidParameterError('health_timeout', 'the health check needs a timeout of at least 1 s; got %d'
-                                            % p['health_timeout'])
-        if p['logrotate']:
-            if isinstance(p['logrotate_rotate'], bool) or p['logrotate_rotate'] < 0:
-                raise InvalidParameterError('logrotate_rotate', 'must be a number of old logs to keep, at least 0; got %r'
-                                            % (p['logrotate_rotate'],))
-            try:
-                render_logrotate(self.root, p['logrotate_size'], p['logrotate_rotate'])
-            except MpsError as exc:
-                raise InvalidParameterError('logrotate_size', exc.msg.replace('size: ', '', 1)) from exc
-        if p.get('metrics_dir'):
-            why = ('health_check is false' if not p['health_check'] else 'ready is false' if not p['ready'] else
-                   'the daemons here run with supervisor=%s' % p['supervisor'] if p['supervisor'] == 'none' else
-                   'systemd is not running here (supervisor=auto)' if self.systemctl is None else '')
-            if why:
-                raise InvalidParameterError('metrics_dir', 'nothing would write %s: the metrics are written by the health check, '
-                                            'a systemd timer that runs with health_check=true and ready=true, and %s. '
-                                            'Leave metrics_dir unset here' % (p['metrics_dir'], why))
 
     def removed_setups(self, view: HostView, listed: t.Sequence[_Resource]) -> t.List[_Resource]:
         """The resources the view found (under the root, or with files in the config directory) that are not listed, to be
@@ -283,10 +252,7 @@ class HostManager:
                     restart_reason=res.limits.restart_needed, shm_planned=p['shm'], keep_modes=kept, split_restart=True,
                     **self._planned_limits(res)))
             except InvalidParameterError as exc:
-                # An entry's own key, named as the user wrote it (resources[train].sm_partitions).
-                if exc.param in RESOURCE_KEYS:
-                    raise exc.within('resources[%s]' % res.name) from exc
-                raise
+                raise _as_entry(exc, res.name)
             res.restart = res.daemon.restarting
             if res.restart:
                 res.stop, res.first_limits = res.daemon.first, res.limits
