@@ -18,6 +18,8 @@ ANSI = re.compile(r'\x1b\[[0-9;?]*[A-Za-z]')
 BOX = re.compile(r'^\s*[\u2502|]\s?')
 FAILURE = re.compile(r'^(fatal|failed): \[')
 HEADER = re.compile(r'^(PLAY|TASK|RUNNING HANDLER) \[(.*)')
+# An error of ansible-playbook itself (a playbook that does not parse, a missing role): no task ran.
+ERROR = re.compile(r'^\[ERROR\]: ')
 
 
 def _lines(text: str) -> list[str]:
@@ -60,11 +62,27 @@ def digest(text: str, limit: int = 12) -> list[str]:
             continue
         found = [play, task] + message
     if not found:
-        return []
+        return _error(lines, limit)
     body = found[2:]
     if len(body) > limit:
         body = body[:limit] + ['... (%d more lines in the log)' % (len(body) - limit)]
     return ['the last failed task:', '  ' + found[0], '  ' + found[1]] + ['  ' + line[:400] for line in body]
+
+
+def _error(lines: list[str], limit: int) -> list[str]:
+    """Where no task failed: the last error ansible-playbook itself printed, with what follows it (the file, the line)."""
+    starts = [index for index, line in enumerate(lines) if ERROR.match(line)]
+    if not starts:
+        return []
+    body = []
+    for line in lines[starts[-1]:]:
+        if line.lstrip().startswith(('\u2514', 'CRITICAL', 'ERROR ', 'INFO ', 'WARNING ')):
+            break  # the end of molecule's box, or molecule's own next line
+        if line.strip():
+            body.append(line)
+    if len(body) > limit:
+        body = body[:limit] + ['... (%d more lines in the log)' % (len(body) - limit)]
+    return ['no task failed; ansible-playbook said:'] + ['  ' + line[:400] for line in body]
 
 
 def main(argv: list[str]) -> int:

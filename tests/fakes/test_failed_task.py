@@ -51,3 +51,20 @@ def test_the_last_failure_not_ignored_is_named_with_its_play_and_task(tmp_path):
 
 def test_a_log_whose_only_failure_was_ignored_says_so(tmp_path):
     assert run(tmp_path, LOG[:8]) == ['failed-task.py: no failed task in %s' % (tmp_path / 'molecule.log')]
+
+
+def test_a_playbook_that_does_not_parse_is_named_with_ansible_playbook_s_own_error(tmp_path):
+    lines = LOG[:8] + ['\x1b[31m[ERROR]: YAML parsing failed: Colons in unquoted values must be followed by\x1b[0m',
+                       '  a non-space character.', 'Origin: verify.yml:553:55', '',
+                       '553         that: a: b', '\u2514\u2500 Return code: 4 \u2500\u2500\u2500', 'never read']
+    log = tmp_path / 'molecule.log'
+    log.write_text(''.join((BOX + line if not line.startswith(('\u2514', 'never')) else '  ' + line) + '\n' for line in lines)
+                   + '\x1b[31mCRITICAL\x1b[0m Ansible return code was 4\n')
+    done = subprocess.run([sys.executable, str(SCRIPT), str(log)], capture_output=True, text=True, check=True)
+    assert done.stdout.splitlines() == [
+        'no task failed; ansible-playbook said:',
+        '  [ERROR]: YAML parsing failed: Colons in unquoted values must be followed by',
+        '    a non-space character.',
+        '  Origin: verify.yml:553:55',
+        '  553         that: a: b',
+    ]

@@ -26,6 +26,7 @@ from .facts import FACT_FILE
 READY_FILE = '.ready'
 LOGROTATE_FILE = 'gpufleet-mps'
 HEALTH_TIMER = HEALTH_NAME + '.timer'
+HEALTH_SERVICE = HEALTH_NAME + '.service'
 
 
 def plan_write(out: Outcome, path: str, text: str, mode: int, why: str, view: HostView, what: str = 'a file') -> bool:
@@ -202,8 +203,25 @@ class Around:
             atomic_write(self.ready_path, '', 0o644)
         out.act('write %s' % self.ready_path, mark, 'every listed daemon answers', kind='ready')
 
-    def health(self, out: Outcome, wanted_here: bool) -> None:
-        """The health timer that keeps the ready mark true between runs, where systemd supervises the daemons."""
+    def _stop_health(self, systemctl: Systemctl) -> None:
+        """The timer stopped, then a check it started that is still running: stopping a timer leaves its service
+        running, and a check that asked the daemons before they went down would write the mark after it was withdrawn."""
+        systemctl.stop(HEALTH_TIMER)
+        systemctl.stop(HEALTH_SERVICE)
+
+    def pause_health(self, out: Outcome) -> bool:
+        """Stop the health timer, and a check in progress, while this run brings daemons down (the run writes the mark
+        itself once they answer, and :meth:`health` starts the timer again). False where no timer runs here."""
+        systemctl = self.systemctl
+        if systemctl is None or not self.view.unit(HEALTH_TIMER)[0]:
+            return False
+        out.act('stop %s' % HEALTH_TIMER, lambda: self._stop_health(systemctl),
+                'a check would write %s back while daemons go down; started again after them' % self.ready_path, kind='unit')
+        return True
+
+    def health(self, out: Outcome, wanted_here: bool, *, paused: bool = False) -> None:
+        """The health timer that keeps the ready mark true between runs, where systemd supervises the daemons;
+        ``paused``: :meth:`pause_health` stopped it earlier in this run."""
         p = self.params
         files = self._health_files()
         timer = os.path.join(self.unit_dir, HEALTH_TIMER)
@@ -228,11 +246,13 @@ class Around:
                 out.step(systemctl.daemon_reload)
             if written or not enabled:
                 out.act('enable %s' % HEALTH_TIMER, lambda: systemctl.enable(HEALTH_TIMER))
-            if written or not active:
-                out.act('start %s' % HEALTH_TIMER, lambda: systemctl.restart(HEALTH_TIMER))
+            if written or not active or paused:
+                out.act('start %s' % HEALTH_TIMER, lambda: systemctl.restart(HEALTH_TIMER),
+                        'the daemons this run brought down are up again' if paused and not written and active else None, kind='unit')
         elif self.view.paths.exists(timer):
             if systemctl is not None:
-                out.act('stop and disable %s' % HEALTH_TIMER, lambda: (systemctl.stop(HEALTH_TIMER), systemctl.disable(HEALTH_TIMER)))
+                out.act('stop and disable %s' % HEALTH_TIMER, lambda: (self._stop_health(systemctl), systemctl.disable(HEALTH_TIMER)),
+                        'no health check is wanted here; a check in progress is stopped too', kind='unit')
             for path in files:
                 plan_remove(out, path, 'the health check does not belong here (any more)', self.view)
             if systemctl is not None:

@@ -285,13 +285,16 @@ class HostManager:
                 + [change.resource for change in body.changes if change.kind == 'stop' and change.action.startswith('end the orphan')])
         ready = decide_ready(absent, [res.name for res in listed], down, bool(self.params['ready']), self.around.ready_exists())
         head = Outcome()
+        paused = False
         if absent:
             self.around.health(head, False)  # first: the timer would write the mark back while daemons still answer
+        elif down:
+            paused = self.around.pause_health(head)  # the same, while this run restarts or starts daemons
         if ready.withdraw:
             self.around.withdraw_ready(head, ready.withdraw)
         tail = Outcome()
         if not absent:
-            self.around.health(tail, bool(listed))
+            self.around.health(tail, bool(listed), paused=paused)
         self.around.logrotate(tail, not absent)
         self.around.slurm(tail, [res.plan for res in listed if res.plan] if not absent and self.params['slurm_hook'] else None)
         if not absent and self.params['local_facts']:

@@ -834,3 +834,38 @@ def test_sm_partitions_on_a_gpu_older_than_ampere_or_over_its_chunks_are_refused
     with pytest.raises(InvalidParameterError, match=r'sm_partitions: static SM partitions need Ampere .* is older'):
         host.run([{'name': 'infer', 'devices': [1], 'sm_partitions': [2]}])
     assert old == host.uuids()[0]
+
+
+def test_the_health_timer_is_paused_while_a_run_brings_daemons_down_and_stopped_first_at_teardown(host, request, monkeypatch):
+    """Where systemd runs the daemons, a check the timer started before a restart (or a teardown) would write the ready
+    mark back after the run withdrew it: the run stops the timer and its check first and starts the timer after the
+    daemons answer again; check mode lists the same changes."""
+    from ansible_collections.gpufleet.mps.plugins.module_utils._host import around, manager
+    from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.health import render_health
+    _settings(host, request, 'systemd', False)
+    monkeypatch.setattr(manager, 'systemd_is_pid1', lambda: True)
+    script = str(host.base / 'sbin' / 'gpufleet-mps-health')  # never the host's /usr/local/sbin
+    monkeypatch.setattr(around.Around, '_health_files', lambda self: render_health(
+        self.root, self.config_dir, self.unit_dir, self.params['health_interval'], self.params['health_timeout'], script=script))
+    timer = 'gpufleet-mps-health.timer'
+    host.run([{'name': 'train', 'devices': [0]}])
+    assert host.ready
+    calls = host.base / 'systemd' / 'calls'
+    calls.write_text('')
+    planned = _listed(host.run([{'name': 'train', 'devices': [0, 1]}], check=True))
+    done = _listed(host.run([{'name': 'train', 'devices': [0, 1]}]))
+    assert planned == done
+    actions = [change['action'] for change in done]
+    pause, withdraw = actions.index('stop %s' % timer), actions.index('remove %s/.ready' % host.root)
+    down = next(index for index, change in enumerate(done) if change['kind'] in ('stop', 'restart'))
+    assert pause < withdraw < down < actions.index('start %s' % timer) < actions.index('write %s/.ready' % host.root), actions
+    assert 'stop gpufleet-mps-health.timer\nstop gpufleet-mps-health.service\n' in calls.read_text()
+    assert host.ready
+    # a run that brings nothing down leaves the timer alone
+    calls.write_text('')
+    assert not host.run([{'name': 'train', 'devices': [0, 1]}]).changes
+    assert [line for line in calls.read_text().splitlines() if line.split(' ')[0] != 'show'] == []  # read, nothing else
+    done = _listed(host.run([], state='absent'))
+    assert done[0]['action'] == 'stop and disable %s' % timer, done
+    assert 'stop gpufleet-mps-health.timer\nstop gpufleet-mps-health.service\ndisable gpufleet-mps-health.timer\n' in calls.read_text()
+    assert not host.ready and not os.path.exists(script)
