@@ -14,29 +14,34 @@ from .._resource.layout import SHM_DIR, config_paths
 from .._resource.lock import RESOURCE_LOCK
 from .._supervisor.liveness import LOCK_FILE, PIPE_DIR_FILES
 from .._supervisor.process import LOG_FILES
-from .._supervisor.unit import UNIT_NAME
+from .model import DaemonRun
+from .systemd import UnitFiles
 
 
 class Absent:
-    """Of :class:`DaemonManager`: the removals of state=absent."""
+    """The removals of state=absent: what this collection created for a resource, and nothing else."""
 
-    # --- absent ----------------------------------------------------------------------------------
+    def __init__(self, run: DaemonRun, unit: UnitFiles) -> None:
+        self.run = run
+        self.unit = unit
+
     def created_files(self) -> t.List[str]:
         """Every file this collection creates for the resource (logs aside), in removal order."""
-        unit_d = os.path.dirname(self.dropin_path)
+        run = self.run
+        unit = self.unit
         return [
-            self.config.env_file, self.config.limits_file, self.config.limits_json, self.config.limits_env,
-            self.dropin_path, self.foreground_dropin_path, self.pidfile_dropin_path, self.order_dropin_path, os.path.join(unit_d),
-            self.paths.started_file,
-        ] + [os.path.join(self.paths.pipe_dir, name) for name in PIPE_DIR_FILES + (LOCK_FILE,)] + [
-            self.paths.pipe_dir,
+            run.config.env_file, run.config.limits_file, run.config.limits_json, run.config.limits_env,
+            unit.dropin_path, unit.foreground_dropin_path, unit.pidfile_dropin_path, unit.order_dropin_path,
+            os.path.dirname(unit.dropin_path), run.paths.started_file,
+        ] + [os.path.join(run.paths.pipe_dir, name) for name in PIPE_DIR_FILES + (LOCK_FILE,)] + [
+            run.paths.pipe_dir,
         ]
 
     def removal_paths(self) -> t.List[str]:
         """Every path a removal looks at (a run that removes the resource reads them first)."""
-        return self.created_files() + [os.path.join(self.unit_dir, UNIT_NAME)]
+        return self.created_files() + [self.unit.template_path]
 
-    def _purge(self, out: Outcome) -> None:
+    def purge(self, out: Outcome) -> None:
         """After the stop: remove what this collection created for the resource, and nothing else.
 
         Files are removed by name; a directory only when it is empty afterwards, so anything another
@@ -44,32 +49,34 @@ class Absent:
         (it is held until the module ends); the template unit goes with the last resource of its config
         directory.
         """
-        view = self.view.paths
-        if self.systemctl is not None and not self._disable_planned and self.view.unit(self.unit)[1]:
+        run = self.run
+        paths = run.paths
+        planned = run.planned
+        if run.systemctl is not None and not planned.disable and run.view.unit(run.unit)[1]:
             # Enabled by an earlier run with supervisor=systemd: it would start again at boot.
-            self._apply_enabled(False, out)
-        logs = [os.path.join(self.paths.log_dir, name) for name in LOG_FILES] + [self.paths.log_dir] if self.remove_logs else []
-        lock = os.path.join(self.paths.resource_dir, RESOURCE_LOCK)
-        unit_path = os.path.join(self.unit_dir, UNIT_NAME)
+            self.unit.apply_enabled(False, out)
+        logs = [os.path.join(paths.log_dir, name) for name in LOG_FILES] + [paths.log_dir] if planned.remove_logs else []
+        lock = os.path.join(paths.resource_dir, RESOURCE_LOCK)
+        unit_path = self.unit.template_path
         removed_unit_files = False
         for path in self.created_files() + logs:
-            if self._remove(path, out) and path.startswith(self.unit_dir + os.sep):
+            if self.plan_removal(path, out) and path.startswith(run.unit_dir + os.sep):
                 removed_unit_files = True
-        if self._lock_existed:
-            self._remove(lock, out)
-        elif self.own_lock:
+        if planned.lock_existed:
+            self.plan_removal(lock, out)
+        elif run.own_lock:
             out.step(lambda: remove(lock))  # this run's own lock, on a directory that was there: no change of the host
-            self._would_remove.append(lock)
-        parents = [self.paths.resource_dir]
-        if os.path.dirname(self.paths.resource_dir) != self.paths.root:
-            parents.append(os.path.dirname(self.paths.resource_dir))
-        for directory in parents + [self.paths.root, self.config.config_dir]:
-            self._remove(directory, out)
+            planned.would_remove.append(lock)
+        parents = [paths.resource_dir]
+        if os.path.dirname(paths.resource_dir) != paths.root:
+            parents.append(os.path.dirname(paths.resource_dir))
+        for directory in parents + [paths.root, run.config.config_dir]:
+            self.plan_removal(directory, out)
         self._name_foreign(out)
-        if view.exists(unit_path) and not self.host.keep_template and not self._other_instances():
-            removed_unit_files = self._remove(unit_path, out) or removed_unit_files
-        if removed_unit_files and self.systemctl is not None:
-            out.act('systemctl daemon-reload', self.systemctl.daemon_reload)
+        if run.view.paths.exists(unit_path) and not run.host.keep_template and not self._other_instances():
+            removed_unit_files = self.plan_removal(unit_path, out) or removed_unit_files
+        if removed_unit_files and run.systemctl is not None:
+            out.act('systemctl daemon-reload', run.systemctl.daemon_reload)
 
     def _name_foreign(self, out: Outcome) -> None:
         """Warn about what absent kept because this collection did not create it (never removed, never silent).
@@ -77,28 +84,31 @@ class Absent:
         Another resource's directory or files, the logs kept without ``remove_logs``, ``<root>/shm`` (mps_shm's)
         and ``<root>/.ready`` (the fleet role's) belong to the collection and are not named.
         """
-        gone = set(self._would_remove)
+        run = self.run
+        paths = run.paths
+        config = run.config
+        gone = set(run.planned.would_remove)
         ours: t.Set[str] = set()
         # Every resource of the root, one whose logs alone are left (pruned, logs kept) included, at both levels
         # of a nested name (example.com/infer): its directory is this collection's, not a foreign file.
-        view = self.view.paths
-        for name in scan_resources(view, self.paths.root, with_logs=True):
-            ours.add(os.path.join(self.paths.root, name.split('/')[0]))
-            ours.add(os.path.join(self.paths.root, name))
+        view = run.view.paths
+        for name in scan_resources(view, paths.root, with_logs=True):
+            ours.add(os.path.join(paths.root, name.split('/')[0]))
+            ours.add(os.path.join(paths.root, name))
             # another resource's own entries, a nested name's parent resource's included
-            ours |= {os.path.join(self.paths.root, name, entry) for entry in ('pipe', 'log', '.started', RESOURCE_LOCK)}
-        ours |= {os.path.join(self.paths.root, SHM_DIR), os.path.join(self.paths.root, '.ready'), self.paths.log_dir}
-        ours |= {os.path.join(self.paths.resource_dir, name) for name in ('pipe', RESOURCE_LOCK)}
-        for name in scan_config(view, self.config.config_dir):
-            other = config_paths(self.config.config_dir, name)
+            ours |= {os.path.join(paths.root, name, entry) for entry in ('pipe', 'log', '.started', RESOURCE_LOCK)}
+        ours |= {os.path.join(paths.root, SHM_DIR), os.path.join(paths.root, '.ready'), paths.log_dir}
+        ours |= {os.path.join(paths.resource_dir, name) for name in ('pipe', RESOURCE_LOCK)}
+        for name in scan_config(view, config.config_dir):
+            other = config_paths(config.config_dir, name)
             ours |= {other.env_file, other.limits_file, other.limits_json, other.limits_env}
-        checked = [self.paths.pipe_dir, self.paths.resource_dir]
-        if os.path.dirname(self.paths.resource_dir) != self.paths.root:
-            checked.append(os.path.dirname(self.paths.resource_dir))
-        checked += [self.paths.root, self.config.config_dir]
-        if self.remove_logs:
-            checked.append(self.paths.log_dir)
-            ours.discard(self.paths.log_dir)
+        checked = [paths.pipe_dir, paths.resource_dir]
+        if os.path.dirname(paths.resource_dir) != paths.root:
+            checked.append(os.path.dirname(paths.resource_dir))
+        checked += [paths.root, config.config_dir]
+        if run.planned.remove_logs:
+            checked.append(paths.log_dir)
+            ours.discard(paths.log_dir)
         for directory in checked:
             if directory in gone or not view.isdir(directory) or view.ismount(directory):
                 continue
@@ -115,25 +125,28 @@ class Absent:
 
     def _other_instances(self) -> bool:
         """Another resource of this config directory still has an environment file: the template unit stays."""
+        run = self.run
+        config = run.config
         try:
-            names = self.view.listdir(self.config.config_dir)
+            names = run.view.listdir(config.config_dir)
         except OSError:
             return False
-        gone = set(self._would_remove)
-        return any(name.endswith('.env') and os.path.join(self.config.config_dir, name) not in gone | {self.config.env_file}
+        gone = set(run.planned.would_remove)
+        return any(name.endswith('.env') and os.path.join(config.config_dir, name) not in gone | {config.env_file}
                    for name in names)
 
-    def _remove(self, path: str, out: Outcome) -> bool:
+    def plan_removal(self, path: str, out: Outcome) -> bool:
         """Plan the removal of a file, or of a directory that is empty once what is planned before is removed."""
-        view = self.view.paths
-        if path in self._would_remove or not view.lexists(path):
+        would_remove = self.run.planned.would_remove
+        view = self.run.view.paths
+        if path in would_remove or not view.lexists(path):
             return False
         if view.isdir(path) and not view.islink(path):
-            gone = set(self._would_remove)
+            gone = set(would_remove)
             if view.ismount(path) or any(os.path.join(path, name) not in gone for name in view.listdir(path)):
                 return False  # a mount point is not the collection's to remove, nor a directory with others' files
             out.act('remove directory %s' % path, lambda: rmdir_if_empty(path))
         else:
             out.act('remove %s' % path, lambda: remove(path))
-        self._would_remove.append(path)
+        would_remove.append(path)
         return True

@@ -13,55 +13,62 @@ from .._observe.reader import clients_of
 from .._proc import child_pids
 from .._protocol.state import read_state
 from .._supervisor.liveness import DaemonState
-from .model import DaemonOutcome
+from .model import DaemonOutcome, DaemonRun
 
 BUSY_POLL = 0.5
 
 
 class BusyClients:
-    """Of :class:`DaemonManager`: the clients of a daemon that a run stops."""
+    """The clients of a daemon that a run stops: refused, waited for or ended, as ``busy`` says."""
 
-    def connected_clients(self, pid: t.Optional[int]) -> t.List[t.Dict[str, t.Any]]:
+    def __init__(self, run: DaemonRun) -> None:
+        self.run = run
+
+    def connected(self, pid: t.Optional[int]) -> t.List[t.Dict[str, t.Any]]:
         """The clients of the daemon's servers, as the daemon lists them now (one UI process)."""
-        return clients_of(read_state(self.daemon.query, 0, child_pids(pid) if pid else []))
+        return clients_of(read_state(self.run.daemon.query, 0, child_pids(pid) if pid else []))
 
-    def observed_clients(self, pid: t.Optional[int]) -> t.List[t.Dict[str, t.Any]]:
+    def observed(self, pid: t.Optional[int]) -> t.List[t.Dict[str, t.Any]]:
         """The clients of the running daemon ``pid`` as the run's view read them (its one control batch)."""
-        found = self.view.answered(self.view.clients, self.paths.name, 'the clients of %s' % self.paths.name)
+        view = self.run.view
+        name = self.run.paths.name
+        found = view.answered(view.clients, name, 'the clients of %s' % name)
         if found[0] != pid:
-            raise MpsError('internal error: the clients of %s were read for pid %s, not %s' % (self.paths.name, found[0], pid))
+            raise MpsError('internal error: the clients of %s were read for pid %s, not %s' % (name, found[0], pid))
         return list(found[1])
 
-    def _plan_busy(self, current: DaemonState, out: Outcome, change: str) -> None:
+    def plan(self, current: DaemonState, out: Outcome, change: str) -> None:
         """Connected clients would be ended by this stop: refuse (the default), wait for them, or go on and end them."""
-        clients = self.observed_clients(current.pid)
+        run = self.run
+        clients = self.observed(current.pid)
         if not clients:
             return
         if isinstance(out, DaemonOutcome):
             out.clients = clients
         named = ', '.join('pid %d (uid %s) on server %d' % (client['pid'], client['uid'], client['server']) for client in clients)
-        if self.busy == 'refuse':
+        if run.busy == 'refuse':
             raise MpsError('busy: %s of the MPS control daemon for %s (pid %s) would end its %d connected client(s) - %s; '
                            'nothing was done. Set busy=wait to wait up to busy_timeout seconds for them to leave, or '
-                           'busy=terminate to end them' % (change, self.paths.name, current.pid, len(clients), named),
+                           'busy=terminate to end them' % (change, run.paths.name, current.pid, len(clients), named),
                            clients=clients)
-        self._ends_clients = self.busy == 'terminate'
-        if self.busy == 'wait':
-            out.act('wait up to %ds for %d connected client(s) to leave - %s' % (self.busy_timeout, len(clients), named),
-                    lambda: self._wait_idle(current.pid, change))
+        run.planned.ends_clients = run.busy == 'terminate'
+        if run.busy == 'wait':
+            out.act('wait up to %ds for %d connected client(s) to leave - %s' % (run.busy_timeout, len(clients), named),
+                    lambda: self.wait_idle(current.pid, change))
         else:
             out.warnings.append('%s of the MPS control daemon for %s %s its %d connected client(s) (busy=terminate) - %s' % (
-                change, self.paths.name, 'would end' if self.check_mode else 'ends', len(clients), named))
+                change, run.paths.name, 'would end' if run.check_mode else 'ends', len(clients), named))
 
-    def _wait_idle(self, pid: t.Optional[int], change: str) -> None:
-        deadline = time.monotonic() + self.busy_timeout
+    def wait_idle(self, pid: t.Optional[int], change: str) -> None:
+        run = self.run
+        deadline = time.monotonic() + run.busy_timeout
         while True:
-            clients = self.connected_clients(pid)
+            clients = self.connected(pid)
             if not clients:
                 return
             if time.monotonic() >= deadline:
                 raise MpsError('busy: the MPS control daemon for %s (pid %s) still has %d connected client(s) after %ds - %s; '
                                '%s was not done (busy=wait)' % (
-                                   self.paths.name, pid, len(clients), self.busy_timeout,
+                                   run.paths.name, pid, len(clients), run.busy_timeout,
                                    ', '.join('pid %d' % client['pid'] for client in clients), change), clients=clients)
-            self.daemon.sleep(BUSY_POLL)
+            run.daemon.sleep(BUSY_POLL)

@@ -19,7 +19,8 @@ from .._errors import InvalidParameterError, MpsError
 from .._gpus import Nvml, all_devices
 from .._outcome import Outcome
 from .._io import refuse_unsafe_dirs
-from .._observe.scan import ForeignDaemon, orphan_warnings
+from .._observe.reader import Wants
+from .._observe.scan import orphan_warnings
 from .._container import with_engine
 from .._resource.layout import ConfigPaths, ResourcePaths, config_paths, container_view, managed_dirs, resource_paths, validate_log_mode
 from .._resource.lock import RESOURCE_LOCK, resource_lock
@@ -27,85 +28,66 @@ from .._resource.record import StartRecord
 from .._selinux import validate_type as validate_selinux_type
 from .._supervisor.liveness import DaemonState
 from .._supervisor.process import Daemon
-from .._supervisor.unit import UNIT_DIR, Systemctl, instance_unit, systemd_is_pid1, validate_units
+from .._supervisor.unit import UNIT_DIR, Systemctl, systemd_is_pid1, validate_units
 from .absent import Absent
 from .actions import DaemonActions
 from .busy import BusyClients
 from .decide import decide_run
 from .devices import DeviceChoice
-from .differences import Differences
-from .model import DaemonOutcome, HostContext, Wanted
-from .observe import DaemonObserve
-from .systemd import SystemdUnit
+from .differences import differences, static_wanted
+from .model import DaemonOutcome, DaemonRun, HostContext, Planned, Wanted, record_start
+from .observe import check_shm_start, observe, probe, wants
+from .systemd import UnitFiles
 
 
-class DaemonManager(DaemonObserve, DeviceChoice, DaemonActions, SystemdUnit, BusyClients, Differences, Absent):
-    """Start, stop or restart the daemon of one resource."""
+class DaemonManager:
+    """Start, stop or restart the daemon of one resource: its parts (devices, actions, unit files, busy clients,
+    removals) hold the run's one :class:`.model.DaemonRun`; what a decision planned so far is its ``planned``."""
 
-    def __init__(self, paths: ResourcePaths, config: ConfigPaths, daemon: Daemon, nvml: Nvml, supervisor: str,
-                 check_mode: bool, *, systemctl: t.Optional[Systemctl] = None, nvidia_smi: t.Optional[str] = None,
+    def __init__(self, paths: ResourcePaths, config: ConfigPaths, daemon: Daemon, nvml: Nvml, supervisor: str, *,
+                 check_mode: bool, systemctl: t.Optional[Systemctl] = None, nvidia_smi: t.Optional[str] = None,
                  unit_dir: str = UNIT_DIR, host: t.Optional['HostContext'] = None, busy: str = 'refuse',
                  busy_timeout: int = DEFAULT_BUSY_TIMEOUT, selinux_type: str = '', unit_before: t.Sequence[str] = (),
                  unit_after: t.Sequence[str] = ()) -> None:
-        self.paths = paths
-        self.config = config
-        self.daemon = daemon
-        self.nvml = nvml
-        self.supervisor = supervisor
-        self.check_mode = check_mode
-        self.systemctl = systemctl
-        self.nvidia_smi = nvidia_smi
-        self.unit_dir = unit_dir
-        self.unit = instance_unit(config.instance)
-        self.reset_on_stop = True
-        self.enabled = True
-        self.remove_logs = False
-        self.pending_warnings: t.List[str] = []
         host = host or HostContext()
-        # What state=absent removed, or in check mode would have: a directory emptied by it counts as empty. A host
-        # plan shares one list between its resources, so a directory emptied by several of them counts as empty too.
-        self._would_remove: t.List[str] = host.would_remove
-        # mps_host: GPUs that a listed resource keeps in MPS use, whose compute mode a stop leaves as it is.
-        self.keep_modes: t.FrozenSet[str] = host.keep_modes
-        self.shm_planned = host.shm_planned
-        self.host = host
-        self._lock_existed = False
-        # The resource's lock file was made by this run's own lock (mps_daemon): no change of the host.
-        self.own_lock = False
-        self._unit_stop_planned = False
-        self._disable_planned = False
-        # What to do about clients connected to a daemon that must stop (a restart, a stop, absent).
-        self.busy = busy
-        self.busy_timeout = busy_timeout
-        # The pid of this resource's own daemon (set when the state is read) and, read once per run, the
-        # other MPS control daemons of the host by the GPUs they serve.
-        self._own_pid: t.Optional[int] = None
-        # The SELinux type of the pipe directory ('' leaves labels alone), and whether its labelling is planned.
-        self.selinux_type = selinux_type
-        self._label_planned = False
-        # Units the daemon's unit is ordered before and after (supervisor=systemd).
-        self.unit_before: t.Tuple[str, ...] = tuple(unit_before)
-        self.unit_after: t.Tuple[str, ...] = tuple(unit_after)
-        self._foreign: t.Optional[t.Tuple[t.Dict[str, ForeignDaemon], t.List[ForeignDaemon]]] = None
-        # Resources of the same root whose GPUs do not count as taken: mps_host plans a whole host, checks
-        # that its listed resources share no GPU and stops removed and changed daemons before it starts any.
-        self.ignore_owners: t.FrozenSet[str] = host.ignore_owners
-        # Why the compute mode asked for is not applied (a MIG device); shown in the diff and the result.
-        self.compute_mode_note = ''
-        # Why state=restarted was asked for, when the caller knows (mps_host: a limit only a restart drops).
-        self.restart_reason = host.restart_reason
-        # Whether the stop this run plans ends connected clients (busy=terminate with clients connected).
-        self._ends_clients = False
+        self.run = run = DaemonRun(paths, config, daemon, nvml, supervisor, check_mode, systemctl, nvidia_smi, unit_dir, host,
+                                   busy, busy_timeout, selinux_type, tuple(unit_before), tuple(unit_after),
+                                   planned=Planned(would_remove=host.would_remove))
+        self.unit_files = UnitFiles(run)
+        self.devices = DeviceChoice(run)
+        self.clients = BusyClients(run)
+        self.actions = DaemonActions(run, self.devices, self.unit_files)
+        self.absent = Absent(run, self.unit_files)
 
-    # --- reading -------------------------------------------------------------------------------
+    @property
+    def paths(self) -> ResourcePaths:
+        return self.run.paths
+
+    @property
+    def daemon(self) -> Daemon:
+        return self.run.daemon
+
     @property
     def view(self) -> t.Any:
         """The run's sealed view of the host (_observe.view.HostView): every decision of this manager reads it."""
-        if self.host.view is None:
-            raise MpsError('internal error: %s was decided without a view of the host' % self.paths.name)
-        return self.host.view
+        return self.run.view
 
-    def describe(self, state: DaemonState, record: t.Optional[StartRecord]) -> t.Dict[str, t.Any]:
+    # --- reading -------------------------------------------------------------------------------
+    def wants(self, *, shm: bool, state: str = 'started') -> Wants:
+        """Every path a decision about this resource may look at, beyond its own directories and persisted files."""
+        return wants(self.run, self.unit_files, self.absent.removal_paths, shm=shm, state=state)
+
+    def removal_paths(self) -> t.List[str]:
+        return self.absent.removal_paths()
+
+    def probe(self, view: t.Any, state: str, *, shm: bool, ordinals: t.Optional[int]) -> None:
+        probe(self.run, view, state, shm=shm, ordinals=ordinals)
+
+    def _observe(self, state: str, *, shm: bool, remove_logs: bool) -> None:
+        self.run.host.view = observe(self.run, self.wants(shm=shm, state=state), state, shm=shm, remove_logs=remove_logs)
+
+    @staticmethod
+    def describe(state: DaemonState, record: t.Optional[StartRecord]) -> t.Dict[str, t.Any]:
         """The before/after view used for diff."""
         view: t.Dict[str, t.Any] = {'state': state.label}
         if record:
@@ -117,60 +99,63 @@ class DaemonManager(DaemonObserve, DeviceChoice, DaemonActions, SystemdUnit, Bus
         """Options checked without the host: raises before anything is read or changed."""
         if compute_mode not in COMPUTE_MODE_CHOICES:
             raise InvalidParameterError('compute_mode', 'must be one of %s' % ', '.join(COMPUTE_MODE_CHOICES))
-        if foreground and self.supervisor != 'systemd' and state not in ('stopped', 'absent'):
+        if foreground and self.run.supervisor != 'systemd' and state not in ('stopped', 'absent'):
             raise InvalidParameterError('foreground', 'needs supervisor=systemd (systemd keeps the foreground daemon and sends '
                                         'its output to the journal); a daemon this module starts itself must detach (-d)')
 
     def _prepare(self, state: str, selectors: t.Any, *, multiuser: bool, compute_mode: str, enabled: bool, shm: bool,
                  remove_logs: bool, foreground: bool) -> t.Optional[Wanted]:
         """Check every option against the view and set up the decision; raises before any side effect."""
+        run = self.run
         self.validate(state, compute_mode, foreground)
-        refuse_unsafe_dirs(managed_dirs(self.paths, self.config.config_dir), self.view.paths)
-        self.remove_logs = remove_logs
+        refuse_unsafe_dirs(managed_dirs(run.paths, run.config.config_dir), self.view.paths)
         if state == 'absent':
             enabled = False
-        wanted = self.wanted(selectors, multiuser, compute_mode, enabled, shm, foreground) if state not in ('stopped', 'absent') else None
-        if wanted is not None:
-            wanted.static = self._static_wanted()
-        if wanted is not None and self.supervisor == 'systemd':
-            self._systemd_files(wanted)  # a value no unit file can carry is refused now, before any side effect
-        self.reset_on_stop = compute_mode != 'unchanged'
-        self.enabled = enabled
-        self._lock_existed = self.view.paths.lexists(os.path.join(self.paths.resource_dir, RESOURCE_LOCK)) and not self.own_lock
+        run.planned = Planned(would_remove=run.host.would_remove, remove_logs=remove_logs, enabled=enabled,
+                              reset_on_stop=compute_mode != 'unchanged',
+                              lock_existed=self.view.paths.lexists(os.path.join(run.paths.resource_dir, RESOURCE_LOCK)) and not run.own_lock)
+        if state in ('stopped', 'absent'):
+            return None
+        wanted = self.devices.wanted(selectors, multiuser=multiuser, compute_mode=compute_mode, enabled=enabled, shm=shm,
+                                     foreground=foreground)
+        wanted.static = static_wanted(run)
+        if run.supervisor == 'systemd':
+            self.unit_files.render(wanted)  # a value no unit file can carry is refused now, before any side effect
         return wanted
 
     def plan(self, state: str, selectors: t.Any, *, multiuser: bool, compute_mode: str, enabled: bool, shm: bool = False,
              remove_logs: bool = False, foreground: bool = False) -> 'DaemonOutcome':
         """Every change that brings the resource to ``state``, decided from the view alone, unapplied."""
-        return self._ensure(state, self._prepare(state, selectors, multiuser=multiuser, compute_mode=compute_mode, enabled=enabled,
+        return self._decide(state, self._prepare(state, selectors, multiuser=multiuser, compute_mode=compute_mode, enabled=enabled,
                                                  shm=shm, remove_logs=remove_logs, foreground=foreground))
 
     def ensure(self, state: str, selectors: t.Any, *, multiuser: bool, compute_mode: str, enabled: bool, shm: bool = False,
                remove_logs: bool = False, foreground: bool = False) -> Outcome:
         """Bring the resource to ``state`` (started, stopped, restarted or absent): read the host under the resource's
         lock, decide, and (unless in check mode) execute exactly what was decided."""
+        run = self.run
         self.validate(state, compute_mode, foreground)
         options = dict(multiuser=multiuser, compute_mode=compute_mode, enabled=enabled, shm=shm, remove_logs=remove_logs,
                        foreground=foreground)
         # Imported here: mps_host, which imports this module on every run, executes through its own caller.
         from .._execute import execute  # pylint: disable=import-outside-toplevel
-        if self.check_mode:
-            self.host.view = self.observe(state, shm, remove_logs)
+        if run.check_mode:
+            self._observe(state, shm=shm, remove_logs=remove_logs)
             out = self.plan(state, selectors, **options)  # the plan, and nothing else
             out.warnings += orphan_warnings(self.view.orphans(), all_devices(self.view.gpus))
             return out
-        if state == 'absent' and not os.path.isdir(self.paths.resource_dir):
+        if state == 'absent' and not os.path.isdir(run.paths.resource_dir):
             # Nothing under the root to serialise, and absent must not create the directories it removes.
-            self.host.view = self.observe(state, shm, remove_logs)
+            self._observe(state, shm=shm, remove_logs=remove_logs)
             out = self.plan(state, selectors, **options)
             execute(out)
             return out
-        with resource_lock(self.paths) as lock:
+        with resource_lock(run.paths) as lock:
             # What was read before the lock may be stale: a concurrent run on this resource may just have set the
             # compute modes. The host is read under the lock, once.
-            self.own_lock = lock.path in lock.created  # this run's own lock file: no change of the host
-            self.nvml.refresh()
-            self.host.view = self.observe(state, shm, remove_logs)
+            run.own_lock = lock.path in lock.created  # this run's own lock file: no change of the host
+            run.nvml.refresh()
+            self._observe(state, shm=shm, remove_logs=remove_logs)
             try:
                 out = self.plan(state, selectors, **options)
             except MpsError:
@@ -180,120 +165,123 @@ class DaemonManager(DaemonObserve, DeviceChoice, DaemonActions, SystemdUnit, Bus
             execute(out)
             return out
 
-    def _ensure(self, state: str, wanted: t.Optional[Wanted]) -> 'DaemonOutcome':
+    def _decide(self, state: str, wanted: t.Optional[Wanted]) -> 'DaemonOutcome':
         """Decide every action from the view; nothing is read or changed here."""
+        run = self.run
         out = DaemonOutcome()
-        out.warnings.extend(self.pending_warnings)
-        seen = self.view.resource(self.paths.name)
+        out.warnings.extend(run.planned.warnings)
+        seen = self.view.resource(run.paths.name)
         current = seen.state
-        self._own_pid = current.pid
+        run.planned.own_pid = current.pid
         if current.conflict:
-            raise MpsError('the MPS control daemon for %s: %s' % (self.paths.name, current.conflict), pid=current.pid)
+            raise MpsError('the MPS control daemon for %s: %s' % (run.paths.name, current.conflict), pid=current.pid)
         record = seen.record
         if seen.corrupt:
             out.warnings.append('the start record %s of %s is corrupt (%s): it is treated as missing and written anew' % (
-                self.paths.started_file, self.paths.name, seen.corrupt))
+                run.paths.started_file, run.paths.name, seen.corrupt))
         out.before = self.describe(current, record)
         if wanted is None:
             self._ensure_stopped(current, record, out)
             if state == 'absent':
-                self._purge(out)
+                self.absent.purge(out)
         else:
             self._ensure_running(state, wanted, current, record, out)
         out.after = {'state': state} if wanted is None else dict(wanted.record(), state='running')
-        if self.compute_mode_note and wanted is not None:
-            out.notes.append('compute mode ' + self.compute_mode_note)
+        if run.planned.compute_mode_note and wanted is not None:
+            out.notes.append('compute mode ' + run.planned.compute_mode_note)
             out.before['compute_mode'] = out.after['compute_mode'] = 'not applicable (MIG device)'
-        self._report_gone(record, wanted, out)
+        self.devices.report_gone(record, wanted, out)
         if out.selinux is not None:
             out.before['selinux_type'] = out.selinux['before']
             out.after['selinux_type'] = out.selinux['after']
         return out
 
     def _ensure_stopped(self, current: DaemonState, record: t.Optional[StartRecord], out: Outcome) -> None:
+        run = self.run
         if current.running:
-            self._plan_busy(current, out, 'the stop')
-            self._stop(current, record, out)
+            self.clients.plan(current, out, 'the stop')
+            self.actions.stop(current, record, out)
         elif current.stale:
             out.warnings.append('the MPS control daemon for %s was not running but left files behind (%s); cleaned up' % (
-                self.paths.name, ', '.join(current.leftovers)))
-            self._clean_stale(out)
-            self._release(record, out)
-        if self.supervisor == 'systemd' and self.systemctl is not None:
-            if not self._unit_stop_planned and self.view.unit(self.unit)[0]:
-                out.act('stop %s' % self.unit, lambda: self.systemctl.stop(self.unit))  # type: ignore[union-attr]
-            if not self.enabled:
+                run.paths.name, ', '.join(current.leftovers)))
+            self.actions.clean_stale(out)
+            self.actions.release(record, out)
+        if run.supervisor == 'systemd' and run.systemctl is not None:
+            self.unit_files.stop_unit(out)
+            if not run.planned.enabled:
                 # Stopping never enables a unit; it disables one when asked to.
-                self._apply_enabled(False, out)
+                self.unit_files.apply_enabled(False, out)
 
     def _ensure_running(self, state: str, wanted: Wanted, current: DaemonState, record: t.Optional[StartRecord],
                         out: Outcome) -> None:
+        run = self.run
+        actions = self.actions
         out.devices = [gpu.summary() for gpu in wanted.devices]
-        self._repair_log_mode(out)
-        if self.view.paths.isdir(self.paths.pipe_dir):
-            self._label(out)
+        actions.repair_log_mode(out)
+        if self.view.paths.isdir(run.paths.pipe_dir):
+            actions.label(out)
         # Observed, then decided (.decide, no I/O): keep, restart, recover or start.
-        action, why = decide_run(state, current, self._differences(wanted, current, record), self.restart_reason)
+        action, why = decide_run(state, current, differences(run, self.unit_files, wanted, current, record), run.host.restart_reason)
         if wanted.shm and action != 'keep':
-            self._check_shm_start(wanted)
+            check_shm_start(run, wanted)
         if action == 'keep':
             # Healthy and as wanted: only the compute mode may have drifted (it resets at reboot).
-            claims = self.foreign()[0]
+            claims = self.devices.foreign()[0]
             for gpu in wanted.devices:
                 if gpu.uuid in claims:
                     out.warnings.append('%s of %s is also served by another MPS control daemon, %s: stop one of '
-                                        'them' % (gpu.label, self.paths.name, claims[gpu.uuid].describe()))
-            self._set_compute_modes(wanted.devices, wanted.compute_mode, out)
-            if self.supervisor == 'systemd':
-                self._install_unit(wanted, out)
-            if record is None or (self.supervisor == 'systemd' and record.pid != current.pid):
+                                        'them' % (gpu.label, run.paths.name, claims[gpu.uuid].describe()))
+            self.devices.set_compute_modes(wanted.devices, wanted.compute_mode, out)
+            if run.supervisor == 'systemd':
+                self.unit_files.install(wanted, out)
+            if record is None or (run.supervisor == 'systemd' and record.pid != current.pid):
                 # systemd brought the daemon back from the environment file this module wrote, as asked
                 # for: at boot /run lost the record, after a crash the record names the dead process.
                 # Record the running daemon; no restart.
-                out.act('write %s for the daemon systemd started' % self.paths.started_file,
-                        lambda: self._write_record(wanted, current.pid, out))
+                out.act('write %s for the daemon systemd started' % run.paths.started_file,
+                        lambda: record_start(run, wanted, current.pid, out))
                 out.pid = current.pid
                 return
             out.pid = current.pid
             out.started_at = record.started_at
             return
-        if action == 'restart' and self.host.split_restart:
+        if action == 'restart' and run.host.split_restart:
             self._split_restart(wanted, current, record, why, out)
             return
         if action == 'restart':
-            self._plan_busy(current, out, 'the restart (%s)' % why)
+            self.clients.plan(current, out, 'the restart (%s)' % why)
             out.restarting = True
             out.restart_why = why
             out.act('restart: %s' % why)
             handover = record is not None and (record.supervisor or wanted.supervisor) != wanted.supervisor
             if wanted.supervisor == 'systemd' and not handover:
-                self._start(wanted, out, restart=True)
+                actions.start(wanted, out, restart=True)
             else:
-                self._stop_process(current, record, out)
-                self._start(wanted, out, restart=False)
-            self._release_dropped(wanted, record, out)
+                actions.stop_process(current, record, out)
+                actions.start(wanted, out, restart=False)
+            self.devices.release_dropped(wanted, record, out)
             return
         if action == 'recover':
-            out.warnings.append('recovered the MPS control daemon for %s: %s' % (self.paths.name, why))
-            self._clean_stale(out)
-        self._start(wanted, out, restart=False)
+            out.warnings.append('recovered the MPS control daemon for %s: %s' % (run.paths.name, why))
+            actions.clean_stale(out)
+        actions.start(wanted, out, restart=False)
 
     def _split_restart(self, wanted: Wanted, current: DaemonState, record: t.Optional[StartRecord], why: str,
                        out: 'DaemonOutcome') -> None:
         """A restart a host plan splits, decided once: its stop half in ``out.first`` (every stop of the plan comes before
         any start: GPU moves, swaps, renames in one run), its start half in ``out``, planned as the stop leaves the host."""
         first = DaemonOutcome(before=dict(out.before))
-        self._plan_busy(current, first, 'the restart (%s)' % why)
+        self.clients.plan(current, first, 'the restart (%s)' % why)
         first.act('restart: %s' % why, kind='restart')
         first.restarting = True
-        self._stop(current, record, first)
-        if self.supervisor == 'systemd' and self.systemctl is not None and not self._unit_stop_planned and self.view.unit(self.unit)[0]:
-            first.act('stop %s' % self.unit, lambda: self.systemctl.stop(self.unit))  # type: ignore[union-attr]
+        self.actions.stop(current, record, first)
+        if self.run.supervisor == 'systemd':
+            self.unit_files.stop_unit(first)
         out.first = first
         out.restarting = True
         out.restart_why = why
         out.clients = first.clients
-        self._start(wanted, out, restart=False)
+        self.actions.start(wanted, out, restart=False)
 
 
 @dataclass
@@ -371,7 +359,7 @@ class DaemonSetup:
                    selinux_type, before, after, unit_dir=unit_dir)
 
     def manager(self, nvml: Nvml, check_mode: bool, host: t.Optional[HostContext] = None) -> 'DaemonManager':
-        return DaemonManager(self.paths, self.config, self.daemon, nvml, self.supervisor, check_mode, systemctl=self.systemctl,
+        return DaemonManager(self.paths, self.config, self.daemon, nvml, self.supervisor, check_mode=check_mode, systemctl=self.systemctl,
                              nvidia_smi=self.nvidia_smi, unit_dir=self.unit_dir, host=host, busy=self.busy,
                              busy_timeout=self.busy_timeout, selinux_type=self.selinux_type, unit_before=self.unit_before,
                              unit_after=self.unit_after)

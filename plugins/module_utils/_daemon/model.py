@@ -4,11 +4,16 @@
 
 from __future__ import annotations
 
+import datetime
 import typing as t
 from dataclasses import dataclass, field
 
+from .._errors import MpsError
 from .._gpus import Gpu
 from .._outcome import Outcome
+from .._resource.layout import ConfigPaths, ResourcePaths
+from .._resource.record import StartRecord, write_record
+from .._supervisor.unit import UNIT_DIR, instance_unit
 
 
 @dataclass
@@ -82,3 +87,86 @@ class DaemonOutcome(Outcome):
     gone: t.List[t.Dict[str, str]] = field(default_factory=list)
     # The stop half of a restart a host plan splits (HostContext.split_restart); this outcome is then its start half.
     first: t.Optional['DaemonOutcome'] = None
+
+
+@dataclass
+class Planned:
+    """What one decision about a daemon has planned so far, which its later steps look at (made anew by each plan)."""
+
+    # What state=absent removes, or in check mode would: a directory emptied by it counts as empty. A host plan shares
+    # one list between its resources (HostContext.would_remove), so a directory emptied by several counts as empty too.
+    would_remove: t.List[str] = field(default_factory=list)
+    # Warnings found while the request was resolved, reported with the decision.
+    warnings: t.List[str] = field(default_factory=list)
+    # What the request asks of a stop: reset the compute modes (compute_mode != unchanged), keep the unit enabled,
+    # remove the logs with the resource.
+    reset_on_stop: bool = True
+    enabled: bool = True
+    remove_logs: bool = False
+    # The resource's lock file was there before this run (state=absent removes it as a change of the host).
+    lock_existed: bool = False
+    # The pid of the resource's own daemon, as the view read it.
+    own_pid: t.Optional[int] = None
+    # Why the compute mode asked for is not applied (a MIG device); shown in the diff and the result.
+    compute_mode_note: str = ''
+    # Steps planned once per decision: the pipe directory's SELinux label, the unit's stop, its disabling.
+    label: bool = False
+    unit_stop: bool = False
+    disable: bool = False
+    # The stop this decision plans ends connected clients (busy=terminate with clients connected).
+    ends_clients: bool = False
+
+
+@dataclass
+class DaemonRun:
+    """One run of one resource's daemon: what it was given. Every part of the decision holds it and reads it; what
+    the decision has planned so far is in ``planned``."""
+
+    paths: ResourcePaths
+    config: ConfigPaths
+    daemon: t.Any  # _supervisor.process.Daemon
+    nvml: t.Any  # _gpus.Nvml
+    supervisor: str
+    check_mode: bool
+    systemctl: t.Optional[t.Any] = None  # _supervisor.unit.Systemctl
+    nvidia_smi: t.Optional[str] = None
+    unit_dir: str = UNIT_DIR
+    host: HostContext = field(default_factory=HostContext)
+    # What to do about clients connected to a daemon that must stop (a restart, a stop, absent).
+    busy: str = 'refuse'
+    busy_timeout: int = 0
+    # The SELinux type of the pipe directory ('' leaves labels alone).
+    selinux_type: str = ''
+    # Units the daemon's unit is ordered before and after (supervisor=systemd).
+    unit_before: t.Tuple[str, ...] = ()
+    unit_after: t.Tuple[str, ...] = ()
+    # The resource's lock file was made by this run's own lock (mps_daemon): no change of the host.
+    own_lock: bool = False
+    planned: Planned = field(default_factory=Planned)
+
+    @property
+    def unit(self) -> str:
+        return instance_unit(self.config.instance)
+
+    @property
+    def view(self) -> t.Any:
+        """The run's sealed view of the host (_observe.view.HostView): every decision of this run reads it."""
+        if self.host.view is None:
+            raise MpsError('internal error: %s was decided without a view of the host' % self.paths.name)
+        return self.host.view
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds').replace('+00:00', 'Z')
+
+
+def record_start(run: DaemonRun, wanted: Wanted, pid: t.Optional[int], out: t.Any) -> None:
+    """Record what the daemon (pid) was started with; called when that is known (planning or applying)."""
+    record = StartRecord(devices=[gpu.uuid for gpu in wanted.devices], multiuser=wanted.multiuser, supervisor=wanted.supervisor,
+                         shm=wanted.shm, pid=pid, started_at=_now(), compute_mode=wanted.compute_mode,
+                         control_binary=run.daemon.binary,
+                         driver_version=getattr(wanted.devices[0], 'driver_version', None) if wanted.devices else None,
+                         static_partitioning=wanted.static)
+    write_record(run.paths, record)
+    out.started_at = record.started_at
+    out.pid = pid

@@ -13,84 +13,85 @@ from .._limits.store import read_persisted
 from .._observe.reader import Wants, read_daemon, read_help, read_host, read_labels, read_process, read_units
 from .._protocol.commands import SET_DEFAULT_PRIORITY, SM_PARTITION
 from .._resource.layout import SHM_DIR
+from .model import DaemonRun, Wanted
+from .systemd import UnitFiles
 
 
-class DaemonObserve:
-    """Of :class:`.manager.DaemonManager`: its view of the host, read once (its ``wants``, then the probes)."""
+def wants(run: DaemonRun, unit: UnitFiles, removal_paths: t.Callable[[], t.List[str]], *, shm: bool,
+          state: str = 'started') -> Wants:
+    """Every path a decision about this resource may look at, beyond its own directories and persisted files."""
+    wanted = Wants()
+    if run.systemctl is not None or run.supervisor == 'systemd':
+        wanted.add(files=unit.paths(), dirs=[os.path.dirname(unit.dropin_path), run.unit_dir])
+    if state == 'absent':
+        wanted.add(others=removal_paths())
+        wanted.mounts = True
+    wanted.add(dirs=[os.path.join(run.paths.root, SHM_DIR)])
+    if shm:
+        wanted.mounts = True
+        from .._tmpfs import mount_unit_name  # pylint: disable=import-outside-toplevel
+        real = os.path.join(os.path.realpath(run.paths.root), SHM_DIR)
+        wanted.add(files=['/etc/fstab', os.path.join(run.unit_dir, mount_unit_name(real))])
+    return wanted
 
-    def wants(self, *, shm: bool, state: str = 'started') -> Wants:
-        """Every path a decision about this resource may look at, beyond its own directories and persisted files."""
-        wants = Wants()
-        if self.systemctl is not None or self.supervisor == 'systemd':
-            wants.add(files=self.unit_files(), dirs=[os.path.dirname(self.dropin_path), self.unit_dir])
-        if state == 'absent':
-            wants.add(others=self.removal_paths())
-            wants.mounts = True
-        shm_dir = os.path.join(self.paths.root, SHM_DIR)
-        wants.add(dirs=[shm_dir])
-        if shm:
-            wants.mounts = True
-            from .._tmpfs import mount_unit_name  # pylint: disable=import-outside-toplevel
-            real = os.path.join(os.path.realpath(self.paths.root), SHM_DIR)
-            wants.add(files=['/etc/fstab', os.path.join(self.unit_dir, mount_unit_name(real))])
-        return wants
 
-    def observe(self, state: str, shm: bool, remove_logs: bool = False) -> t.Any:
-        """Read the host once for this resource's decision (under its lock in a real run), and seal it."""
-        view = read_host(self.paths.root, self.nvml.gpus(), [(self.paths, self.config)], self.wants(shm=shm, state=state),
-                         with_logs=state == 'absent' and remove_logs)
-        self.probe(view, state, shm=shm, ordinals=0)
-        return view.seal()
+def observe(run: DaemonRun, wants_: Wants, state: str, *, shm: bool, remove_logs: bool = False) -> t.Any:
+    """Read the host once for this resource's decision (under its lock in a real run), and seal it."""
+    view = read_host(run.paths.root, run.nvml.gpus(), [(run.paths, run.config)], wants_, with_logs=state == 'absent' and remove_logs)
+    probe(run, view, state, shm=shm, ordinals=0)
+    return view.seal()
 
-    def probe(self, view: t.Any, state: str, *, shm: bool, ordinals: t.Optional[int]) -> None:
-        """What only some decisions need, read into ``view`` before it is sealed: the unit's state, one control batch of a
-        running daemon (its health, its servers' clients; its limits for ``ordinals`` devices, None: read elsewhere), its
-        process, the binary's help where the persisted limits need a command it may lack, SELinux labels, whether a
-        daemon can be given the shared tmpfs as its /dev/shm."""
-        seen = view.resource(self.paths.name)
-        if self.systemctl is not None:
-            read_units(view, self.systemctl, [self.unit])
-        running = seen.state.running and seen.state.pid
-        if running and ordinals is not None and self.paths.name not in view.readouts:
-            read_daemon(view, self.paths.name, self.daemon.query, ordinals, seen.state.pid)
-            self.daemon.answered = True
-        if running:
-            read_process(view, seen.state.pid, self.paths.shm_dir, record_known=seen.problem is None and seen.record is not None)
-        if self.selinux_type:
-            read_labels(view, [self.paths.pipe_dir])
-        if state in ('stopped', 'absent'):
+
+def probe(run: DaemonRun, view: t.Any, state: str, *, shm: bool, ordinals: t.Optional[int]) -> None:
+    """What only some decisions need, read into ``view`` before it is sealed: the unit's state, one control batch of a
+    running daemon (its health, its servers' clients; its limits for ``ordinals`` devices, None: read elsewhere), its
+    process, the binary's help where the persisted limits need a command it may lack, SELinux labels, whether a
+    daemon can be given the shared tmpfs as its /dev/shm."""
+    paths = run.paths
+    daemon = run.daemon
+    seen = view.resource(paths.name)
+    if run.systemctl is not None:
+        read_units(view, run.systemctl, [run.unit])
+    running = seen.state.running and seen.state.pid
+    if running and ordinals is not None and paths.name not in view.readouts:
+        read_daemon(view, paths.name, daemon.query, ordinals, seen.state.pid)
+        daemon.answered = True
+    if running:
+        read_process(view, seen.state.pid, paths.shm_dir, record_known=seen.problem is None and seen.record is not None)
+    if run.selinux_type:
+        read_labels(view, [paths.pipe_dir])
+    if state in ('stopped', 'absent'):
+        return
+    limits = read_persisted(run.config, view.text)
+    if limits is not None:
+        # A start replays them: is every command of theirs one the binary on disk has? A running daemon's answers speak
+        # for the binary that started it, which a driver package may have replaced since: its help is read.
+        if limits.client_priority is not None:
+            read_help(view, daemon, SET_DEFAULT_PRIORITY)
+        if limits.sm_partitions:
+            read_help(view, daemon, SM_PARTITION)
+    if shm and run.supervisor != 'systemd' and view.shm_namespace is None:
+        # A daemon may be (re)started with the tmpfs as /dev/shm: whether that can work here is known before the old
+        # one is stopped or a compute mode changed. A daemon that already sees it as its /dev/shm has shown that it can.
+        if paths.shm_dir in view.dev_shm.values():
+            view.shm_namespace = ''
             return
-        limits = read_persisted(self.config, view.text)
-        if limits is not None:
-            # A start replays them: is every command of theirs one the binary on disk has? A running daemon's answers speak
-            # for the binary that started it, which a driver package may have replaced since: its help is read.
-            if limits.client_priority is not None:
-                read_help(view, self.daemon, SET_DEFAULT_PRIORITY)
-            if limits.sm_partitions:
-                read_help(view, self.daemon, SM_PARTITION)
-        if shm and self.supervisor != 'systemd' and view.shm_namespace is None:
-            # A daemon may be (re)started with the tmpfs as /dev/shm: whether that can work here is known before the old
-            # one is stopped or a compute mode changed. A daemon that already sees it as its /dev/shm has shown that it can.
-            if self.paths.shm_dir in view.dev_shm.values():
-                view.shm_namespace = ''
-                return
-            try:
-                self.daemon.check_shm_namespace()
-                view.shm_namespace = ''
-            except InvalidParameterError as exc:
-                view.shm_namespace = exc.msg
+        try:
+            daemon.check_shm_namespace()
+            view.shm_namespace = ''
+        except InvalidParameterError as exc:
+            view.shm_namespace = exc.msg
 
-    def offered(self, word: str) -> t.Optional[bool]:
-        """Whether the control binary on disk has ``word``, as its help text was read."""
-        return self.view.offers(self.daemon.binary, word)
 
-    def _check_shm_start(self, wanted: t.Any) -> None:
-        """A daemon is about to be (re)started with the tmpfs as /dev/shm: refused now where that cannot work here."""
-        from .._tmpfs import check_unit_path, mounted_at  # pylint: disable=import-outside-toplevel
-        if wanted.supervisor == 'systemd':
-            check_unit_path(self.paths.shm_dir, 'root')
-            return
-        if self.shm_planned and mounted_at(self.paths.shm_dir, self.view.mounts(), self.view.realpath(self.paths.shm_dir)) is None:
-            return  # a tmpfs the same plan mounts first is tried by the start itself
-        if self.view.shm_namespace:
-            raise InvalidParameterError('shm', self.view.shm_namespace.split(': ', 1)[-1])
+def check_shm_start(run: DaemonRun, wanted: Wanted) -> None:
+    """A daemon is about to be (re)started with the tmpfs as /dev/shm: refused now where that cannot work here."""
+    from .._tmpfs import check_unit_path, mounted_at  # pylint: disable=import-outside-toplevel
+    shm_dir = run.paths.shm_dir
+    if wanted.supervisor == 'systemd':
+        check_unit_path(shm_dir, 'root')
+        return
+    view = run.view
+    if run.host.shm_planned and mounted_at(shm_dir, view.mounts(), view.realpath(shm_dir)) is None:
+        return  # a tmpfs the same plan mounts first is tried by the start itself
+    if view.shm_namespace:
+        raise InvalidParameterError('shm', view.shm_namespace.split(': ', 1)[-1])

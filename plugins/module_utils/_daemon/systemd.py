@@ -24,82 +24,84 @@ from .._supervisor.unit import (
     render_unit,
     unit_environment,
 )
-from .model import Wanted
+from .model import DaemonRun, Wanted, record_start
 
 
-class SystemdUnit:
-    """Of :class:`DaemonManager`: the daemon's unit under supervisor=systemd."""
+class UnitFiles:
+    """The daemon's unit under supervisor=systemd: the files rendered for a wanted daemon, installing and starting it."""
 
-    # the units the daemon starts before and after (mps_daemon unit_before, unit_after; given to DaemonManager)
-    unit_before: t.Tuple[str, ...] = ()
-    unit_after: t.Tuple[str, ...] = ()
+    def __init__(self, run: DaemonRun) -> None:
+        self.run = run
+        unit_d = os.path.join(run.unit_dir, '%s.d' % run.unit)
+        self.template_path = os.path.join(run.unit_dir, UNIT_NAME)
+        self.dropin_path = os.path.join(unit_d, SHM_DROPIN)
+        self.foreground_dropin_path = os.path.join(unit_d, FOREGROUND_DROPIN)
+        self.order_dropin_path = os.path.join(unit_d, ORDER_DROPIN)
+        self.pidfile_dropin_path = os.path.join(unit_d, PIDFILE_DROPIN)
 
-    @property
-    def dropin_path(self) -> str:
-        return os.path.join(self.unit_dir, '%s.d' % self.unit, SHM_DROPIN)
-
-    @property
-    def foreground_dropin_path(self) -> str:
-        return os.path.join(self.unit_dir, '%s.d' % self.unit, FOREGROUND_DROPIN)
-
-    @property
-    def order_dropin_path(self) -> str:
-        return os.path.join(self.unit_dir, '%s.d' % self.unit, ORDER_DROPIN)
-
-    @property
-    def pidfile_dropin_path(self) -> str:
-        return os.path.join(self.unit_dir, '%s.d' % self.unit, PIDFILE_DROPIN)
-
-    # --- systemd files ---------------------------------------------------------------------------
-    def unit_files(self) -> t.List[str]:
+    def paths(self) -> t.List[str]:
         """The unit files a plan compares (the environment file aside): a host plan observes them first."""
-        return [os.path.join(self.unit_dir, UNIT_NAME), self.dropin_path, self.foreground_dropin_path, self.pidfile_dropin_path,
-                self.order_dropin_path]
+        return [self.template_path, self.dropin_path, self.foreground_dropin_path, self.pidfile_dropin_path, self.order_dropin_path]
 
-    def _env_values(self, wanted: Wanted) -> t.Dict[str, str]:
-        return unit_environment(self.paths, self.config, [gpu.uuid for gpu in wanted.devices], wanted.multiuser,
-                                wanted.compute_mode, self.daemon.binary, self.nvidia_smi, self.daemon.stop_timeout,
-                                self.daemon.log_mode, self.selinux_type, wanted.foreground)
+    def env_values(self, wanted: Wanted) -> t.Dict[str, str]:
+        run = self.run
+        return unit_environment(run.paths, run.config, [gpu.uuid for gpu in wanted.devices], wanted.multiuser,
+                                wanted.compute_mode, run.daemon.binary, run.nvidia_smi, run.daemon.stop_timeout,
+                                run.daemon.log_mode, run.selinux_type, wanted.foreground)
 
-    def _systemd_files(self, wanted: Wanted) -> t.Dict[str, t.Optional[str]]:
+    def render(self, wanted: Wanted) -> t.Dict[str, t.Optional[str]]:
         """Path -> wanted content; None for a file that must not exist."""
+        run = self.run
+        daemon = run.daemon
         return {
-            os.path.join(self.unit_dir, UNIT_NAME): render_unit(self.config.config_dir, int(self.daemon.start_timeout), self.daemon.stop_timeout),
-            self.config.env_file: render_env(self.paths.name, self._env_values(wanted)),
-            self.dropin_path: render_shm_dropin(self.paths.shm_dir) if wanted.shm else None,
-            self.foreground_dropin_path: render_foreground_dropin(int(self.daemon.start_timeout)) if wanted.foreground else None,
+            self.template_path: render_unit(run.config.config_dir, int(daemon.start_timeout), daemon.stop_timeout),
+            run.config.env_file: render_env(run.paths.name, self.env_values(wanted)),
+            self.dropin_path: render_shm_dropin(run.paths.shm_dir) if wanted.shm else None,
+            self.foreground_dropin_path: render_foreground_dropin(int(daemon.start_timeout)) if wanted.foreground else None,
             self.pidfile_dropin_path: (None if wanted.foreground else
-                                       render_pidfile_dropin(os.path.join(self.paths.pipe_dir, PID_FILE))),
-            self.order_dropin_path: render_order_dropin(self.unit_before, self.unit_after),
+                                       render_pidfile_dropin(os.path.join(run.paths.pipe_dir, PID_FILE))),
+            self.order_dropin_path: render_order_dropin(run.unit_before, run.unit_after),
         }
 
-    def _start_unit(self, wanted: Wanted, out: Outcome, restart: bool) -> None:
-        if self.systemctl is None:
+    def start(self, wanted: Wanted, out: Outcome, *, restart: bool) -> None:
+        run = self.run
+        if run.systemctl is None:
             return
-        (self.systemctl.restart if restart else self.systemctl.start)(self.unit)
-        self.daemon.wait_ready()
-        self._write_record(wanted, inspect(self.paths).pid or self.systemctl.main_pid(self.unit), out)
+        (run.systemctl.restart if restart else run.systemctl.start)(run.unit)
+        run.daemon.wait_ready()
+        record_start(run, wanted, inspect(run.paths).pid or run.systemctl.main_pid(run.unit), out)
 
-    def _install_unit(self, wanted: Wanted, out: Outcome) -> None:
+    def install(self, wanted: Wanted, out: Outcome) -> None:
+        run = self.run
         reload_needed = False
-        for path, content in self._systemd_files(wanted).items():
-            if self.view.text(path, 'a systemd unit file' if path != self.config.env_file else 'an environment file') == content:
+        for path, content in self.render(wanted).items():
+            if run.view.text(path, 'a systemd unit file' if path != run.config.env_file else 'an environment file') == content:
                 continue
             if content is None:
                 out.act('remove %s' % path, lambda path=path: remove(path))
             else:
                 out.act('write %s' % path, lambda path=path, content=content: (
                     ensure_dir(os.path.dirname(path), 0o755), atomic_write(path, content, 0o644)))
-            reload_needed = reload_needed or path != self.config.env_file
+            reload_needed = reload_needed or path != run.config.env_file
         if reload_needed:
-            out.act('systemctl daemon-reload', self.systemctl.daemon_reload if self.systemctl else None)
-        self._apply_enabled(wanted.enabled, out)
+            out.act('systemctl daemon-reload', run.systemctl.daemon_reload if run.systemctl else None)
+        self.apply_enabled(wanted.enabled, out)
 
-    def _apply_enabled(self, enabled: t.Optional[bool], out: Outcome) -> None:
-        if enabled is None or self.systemctl is None:
+    def apply_enabled(self, enabled: t.Optional[bool], out: Outcome) -> None:
+        run = self.run
+        if enabled is None or run.systemctl is None:
             return
-        if self.view.unit(self.unit)[1] != enabled:
-            self._disable_planned = self._disable_planned or not enabled
-            systemctl = self.systemctl
-            out.act('%s %s' % ('enable' if enabled else 'disable', self.unit),
-                    lambda: (systemctl.enable if enabled else systemctl.disable)(self.unit))
+        if run.view.unit(run.unit)[1] != enabled:
+            run.planned.disable = run.planned.disable or not enabled
+            systemctl = run.systemctl
+            unit = run.unit
+            out.act('%s %s' % ('enable' if enabled else 'disable', unit),
+                    lambda: (systemctl.enable if enabled else systemctl.disable)(unit))
+
+    def stop_unit(self, out: Outcome) -> None:
+        """Stop the unit where it is active and no stop of it is planned yet."""
+        run = self.run
+        systemctl = run.systemctl
+        if systemctl is not None and not run.planned.unit_stop and run.view.unit(run.unit)[0]:
+            unit = run.unit
+            out.act('stop %s' % unit, lambda: systemctl.stop(unit))

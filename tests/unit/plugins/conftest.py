@@ -110,7 +110,8 @@ def see():
 
     def build(manager, state=None, dev_shm=None, clients=(), unit=(True, True), gpus=(), daemons=((), ()), offered=None,
               shm_namespace=''):
-        wants = resource_wants(manager.paths, manager.config).merge(manager.wants(shm=True, state='absent'))
+        run = manager.run
+        wants = resource_wants(manager.paths, run.config).merge(manager.wants(shm=True, state='absent'))
         view = HostView(list(gpus))
         view.mountinfo = read_mountinfo()
         view.realpaths[manager.paths.shm_dir] = os.path.join(os.path.realpath(manager.paths.root), 'shm')
@@ -122,12 +123,12 @@ def see():
         if state.pid:
             view.dev_shm[state.pid] = dev_shm
             view.clients[manager.paths.name] = (state.pid, list(clients))
-        view.units[manager.unit] = unit
+        view.units[run.unit] = unit
         view.offered.update(offered or {})
         view.shm_namespace = shm_namespace
-        if manager.selinux_type:
+        if run.selinux_type:
             read_labels(view, [manager.paths.pipe_dir])
-        manager.host.view = view.seal()
+        run.host.view = view.seal()
         return view
     return build
 

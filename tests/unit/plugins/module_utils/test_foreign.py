@@ -111,57 +111,54 @@ def manager(tmp_path):
 def _foreign(see, manager, known, unreadable=()):
     """The view's /proc scan as foreign_daemons(None, ..., outside=root) gives it: the root's own daemons left out."""
     outside = manager.paths.root
-    see(manager, gpus=manager.nvml.gpus(), daemons=([daemon for daemon in known if not daemon.pipe_dir.startswith(outside + '/')],
-                                                    list(unreadable)))
-    manager._foreign = None
+    see(manager, gpus=manager.run.nvml.gpus(), daemons=([daemon for daemon in known if not daemon.pipe_dir.startswith(outside + '/')],
+                                                          list(unreadable)))
 
 
 def test_a_gpu_another_daemon_serves_is_refused_naming_its_pid_and_pipe_directory(manager, see):
     _foreign(see, manager, [ForeignDaemon(4242, '/elsewhere/pipe', 0, ['GPU-b'])])
     with pytest.raises(DeviceSelectionError, match=r"^devices: GPU 1 \(GPU-b\) is served by another MPS control daemon: "
                                                    r"pid 4242 \(pipe directory /elsewhere/pipe, uid 0\);.*nothing was done"):
-        manager._refuse_foreign(manager.nvml.gpus(), Outcome())
+        manager.devices.refuse_foreign(manager.run.nvml.gpus(), Outcome())
     out = Outcome()
-    manager._refuse_foreign(manager.nvml.gpus()[:1], out)
+    manager.devices.refuse_foreign(manager.run.nvml.gpus()[:1], out)
     assert out.warnings == [] and out.actions == []
 
 
 def test_a_daemon_of_the_same_root_is_left_to_the_start_records(manager, see):
     _foreign(see, manager, [ForeignDaemon(4242, manager.paths.root + '/infer/pipe', 0, ['GPU-b'])])
-    manager._refuse_foreign(manager.nvml.gpus(), Outcome())
+    manager.devices.refuse_foreign(manager.run.nvml.gpus(), Outcome())
 
 
 def test_a_daemon_whose_environment_cannot_be_read_is_named_in_a_warning(manager, see):
     _foreign(see, manager, [], [ForeignDaemon(77, None, 1000, [])])
     out = Outcome()
-    manager._refuse_foreign(manager.nvml.gpus(), out)
+    manager.devices.refuse_foreign(manager.run.nvml.gpus(), out)
     assert out.warnings and 'pid 77' in out.warnings[0] and 'run as root' in out.warnings[0]
 
 
 def test_stopping_never_resets_a_gpu_another_daemon_serves(manager, see):
     _foreign(see, manager, [ForeignDaemon(4242, '/elsewhere/pipe', 0, ['GPU-b'])])
     out = Outcome()
-    assert [gpu.uuid for gpu in manager._releasable({'GPU-a', 'GPU-b'}, out)] == ['GPU-a']
+    assert [gpu.uuid for gpu in manager.devices.releasable_gpus({'GPU-a', 'GPU-b'}, out)] == ['GPU-a']
     assert out.warnings == ['GPU 1 (GPU-b) keeps compute mode EXCLUSIVE_PROCESS: another MPS control daemon serves it, '
                             'pid 4242 (pipe directory /elsewhere/pipe, uid 0)']
 
 
 def test_multiuser_is_refused_below_volta_naming_the_gpus(manager, see):
-    manager.nvml = types.SimpleNamespace(gpus=lambda: [_gpu(0, 'GPU-p', cc=(6, 0)), _gpu(1, 'GPU-v', cc=(7, 0))])
-    see(manager, gpus=manager.nvml.gpus())
+    see(manager, gpus=[_gpu(0, 'GPU-p', cc=(6, 0)), _gpu(1, 'GPU-v', cc=(7, 0))])
     with pytest.raises(InvalidParameterError, match=r'multiuser.*GPU 0 \(GPU-p, NVIDIA H100, 6\.0\) is older'):
-        manager.wanted('all', True, 'exclusive_process', True)
-    assert [gpu.index for gpu in manager.wanted([1], True, 'exclusive_process', True).devices] == [1]
-    assert [gpu.index for gpu in manager.wanted('all', False, 'exclusive_process', True).devices] == [0, 1]
+        manager.devices.wanted('all', multiuser=True, compute_mode='exclusive_process', enabled=True)
+    assert [gpu.index for gpu in manager.devices.wanted([1], multiuser=True, compute_mode='exclusive_process', enabled=True).devices] == [1]
+    assert [gpu.index for gpu in manager.devices.wanted('all', multiuser=False, compute_mode='exclusive_process', enabled=True).devices] == [0, 1]
 
 
 def test_a_resource_entry_is_refused_multiuser_below_volta_in_the_same_words_naming_the_entry(manager, see):
     from ansible_collections.gpufleet.mps.plugins.module_utils._host.plan import plan_resources  # pylint: disable=import-outside-toplevel
     gpus = [_gpu(0, 'GPU-p', cc=(6, 0)), _gpu(1, 'GPU-v', cc=(7, 0))]
-    manager.nvml = types.SimpleNamespace(gpus=lambda: gpus)
     see(manager, gpus=gpus)
     with pytest.raises(InvalidParameterError) as daemon:
-        manager.wanted('all', True, 'exclusive_process', True)
+        manager.devices.wanted('all', multiuser=True, compute_mode='exclusive_process', enabled=True)
     with pytest.raises(InvalidParameterError) as entry:
         plan_resources([{'name': 'train', 'multiuser': True}], gpus)
     assert (daemon.value.param, entry.value.param) == ('multiuser', 'resources[train].multiuser')

@@ -189,18 +189,18 @@ def test_a_mig_resource_under_systemd_sets_no_compute_mode_and_pins_the_mig_uuid
                   container_root='/mps', selinux_type='')
     setup = DaemonSetup.from_params(params, lambda given: given)
     with Nvml() as nvml:
-        manager = DaemonManager(setup.paths, setup.config, setup.daemon, nvml, 'systemd', True, unit_dir=str(tmp_path / 'units'))
+        manager = DaemonManager(setup.paths, setup.config, setup.daemon, nvml, 'systemd', check_mode=True, unit_dir=str(tmp_path / 'units'))
         see(manager, gpus=nvml.gpus())
-        wanted = manager.wanted(['1:0'], False, 'exclusive_process', True)
-        env = manager._env_values(wanted)  # pylint: disable=protected-access
+        wanted = manager.devices.wanted(['1:0'], multiuser=False, compute_mode='exclusive_process', enabled=True)
+        env = manager.unit_files.env_values(wanted)
     assert wanted.compute_mode == 'unchanged'
-    assert 'EXCLUSIVE_PROCESS not applied: MIG device 1:0 (3g.40gb' in manager.compute_mode_note
+    assert 'EXCLUSIVE_PROCESS not applied: MIG device 1:0 (3g.40gb' in manager.run.planned.compute_mode_note
     assert env['CUDA_VISIBLE_DEVICES'] == parser['gpu1.mig0']['uuid'] == gpus[1].mig_devices[0].uuid
     assert env['MPS_COMPUTE_MODE'] == ''
-    whole = DaemonManager(setup.paths, setup.config, setup.daemon, Nvml(), 'systemd', True, unit_dir=str(tmp_path / 'units'))
-    with whole.nvml:
-        see(whole, gpus=whole.nvml.gpus())
-        values = whole._env_values(whole.wanted([0], False, 'exclusive_process', True))  # pylint: disable=protected-access
+    whole = DaemonManager(setup.paths, setup.config, setup.daemon, Nvml(), 'systemd', check_mode=True, unit_dir=str(tmp_path / 'units'))
+    with whole.run.nvml:
+        see(whole, gpus=whole.run.nvml.gpus())
+        values = whole.unit_files.env_values(whole.devices.wanted([0], multiuser=False, compute_mode='exclusive_process', enabled=True))
     assert values['MPS_COMPUTE_MODE'] == 'EXCLUSIVE_PROCESS'
 
 

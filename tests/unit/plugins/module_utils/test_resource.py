@@ -11,6 +11,7 @@ import pytest
 from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.liveness import DaemonState
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import InvalidParameterError
 from ansible_collections.gpufleet.mps.plugins.module_utils._daemon import manager as _manager
+from ansible_collections.gpufleet.mps.plugins.module_utils._daemon.differences import differences
 from ansible_collections.gpufleet.mps.plugins.module_utils._daemon.manager import DaemonSetup, Outcome, DaemonManager, Wanted
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import config_paths, resource_paths
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource.record import StartRecord
@@ -19,14 +20,22 @@ from ansible_collections.gpufleet.mps.plugins.module_utils._io import read_text,
 from ansible_collections.gpufleet.mps.plugins.module_utils._observe import paths as _paths
 
 
-@pytest.fixture
-def manager(tmp_path):
+def _make(tmp_path, **options):
     paths = resource_paths(str(tmp_path / 'root'), 'train')
     config = config_paths(str(tmp_path / 'etc'), 'train')
-    (tmp_path / 'etc').mkdir()
     daemon = types.SimpleNamespace(binary='/usr/bin/nvidia-cuda-mps-control', log_mode=0o700, start_timeout=30, stop_timeout=30)
     return DaemonManager(paths, config, daemon, nvml=None, supervisor='systemd', check_mode=True,
-                         unit_dir=str(tmp_path / 'units'))
+                         unit_dir=str(tmp_path / 'units'), **options)
+
+
+@pytest.fixture
+def manager(tmp_path):
+    (tmp_path / 'etc').mkdir()
+    return _make(tmp_path)
+
+
+def _differences(manager, wanted, current, record):
+    return differences(manager.run, manager.unit_files, wanted, current, record)
 
 
 def _gpu(uuid):
@@ -53,10 +62,10 @@ def _record(wanted):
 
 
 def _write_env(manager, wanted, **changes):
-    values = manager._env_values(wanted)
+    values = manager.unit_files.env_values(wanted)
     values.update(changes)
     values = {key: value for key, value in values.items() if value is not None}
-    with open(manager.config.env_file, 'w', encoding='utf-8') as handle:
+    with open(manager.run.config.env_file, 'w', encoding='utf-8') as handle:
         handle.write(render_env('train', values))
 
 
@@ -72,8 +81,8 @@ def test_values_the_running_daemon_does_not_use_are_rewritten_without_a_restart(
     wanted = _wanted()
     _write_env(manager, wanted, **changes)
     see(manager, RUNNING)
-    assert manager._differences(wanted, RUNNING, _record(wanted)) == []
-    assert read_text(manager.config.env_file) != manager._systemd_files(wanted)[manager.config.env_file]  # rewritten in place
+    assert _differences(manager, wanted, RUNNING, _record(wanted)) == []
+    assert read_text(manager.run.config.env_file) != manager.unit_files.render(wanted)[manager.run.config.env_file]  # rewritten in place
 
 
 @pytest.mark.parametrize('key', RESTART_ENV)
@@ -81,12 +90,12 @@ def test_values_the_daemon_was_started_with_force_a_restart(manager, key, see):
     wanted = _wanted()
     _write_env(manager, wanted, **{key: 'something-else'})
     see(manager, RUNNING)
-    differences = manager._differences(wanted, RUNNING, _record(wanted))
-    assert differences == ['environment file %s differs in %s' % (manager.config.env_file, key)]
+    differences = _differences(manager, wanted, RUNNING, _record(wanted))
+    assert differences == ['environment file %s differs in %s' % (manager.run.config.env_file, key)]
 
 
 def test_the_restart_keys_are_exactly_what_the_unit_starts_the_daemon_with(manager):
-    env = parse_env(render_env('train', manager._env_values(_wanted(multiuser=True, foreground=True))))
+    env = parse_env(render_env('train', manager.unit_files.env_values(_wanted(multiuser=True, foreground=True))))
     assert set(RESTART_ENV) <= set(env)
     assert env['MPS_DAEMON_ARGS'] == '-multiuser-server' and env['CUDA_VISIBLE_DEVICES'] == 'GPU-a,GPU-b'
 
@@ -96,16 +105,16 @@ def test_a_record_without_shm_means_shm_false_and_a_change_of_shm_restarts(manag
     _write_env(manager, wanted)
     old_record = StartRecord.from_data({key: value for key, value in _data(wanted).items() if key != 'shm'})
     see(manager, RUNNING)
-    assert manager._differences(wanted, RUNNING, old_record) == []
+    assert _differences(manager, wanted, RUNNING, old_record) == []
     see(manager, RUNNING)
-    assert manager._differences(_wanted(shm=True), RUNNING, old_record) == ['shm: False -> True']
+    assert _differences(manager, _wanted(shm=True), RUNNING, old_record) == ['shm: False -> True']
 
 
 def test_shm_adds_a_dropin_and_dropping_shm_removes_it(manager):
-    files = manager._systemd_files(_wanted(shm=True))
-    assert 'BindPaths=%s/shm:/dev/shm' % manager.paths.root in files[manager.dropin_path]
-    assert manager._systemd_files(_wanted())[manager.dropin_path] is None
-    assert manager.dropin_path.endswith('gpufleet-mps@train.service.d/gpufleet-shm.conf')
+    files = manager.unit_files.render(_wanted(shm=True))
+    assert 'BindPaths=%s/shm:/dev/shm' % manager.paths.root in files[manager.unit_files.dropin_path]
+    assert manager.unit_files.render(_wanted())[manager.unit_files.dropin_path] is None
+    assert manager.unit_files.dropin_path.endswith('gpufleet-mps@train.service.d/gpufleet-shm.conf')
 
 
 class ActiveUnit:
@@ -116,32 +125,32 @@ class ActiveUnit:
 
 
 @pytest.mark.parametrize('changes', [{'MPS_LOG_MODE': None}, {'MPS_STOP_TIMEOUT': '5'}, {'MPS_COMPUTE_MODE': 'DEFAULT'}])
-def test_after_a_reboot_without_record_only_restart_values_count(manager, changes, see):
+def test_after_a_reboot_without_record_only_restart_values_count(manager, changes, see, tmp_path):
     # /run lost the .started record; systemd started the daemon from an environment file written by an
     # older version or with other timeouts: no restart, the files are rewritten in place.
-    manager.systemctl = ActiveUnit()
+    manager = _make(tmp_path, systemctl=ActiveUnit())
     wanted = _wanted()
     _write_env(manager, wanted, **changes)
     see(manager, RUNNING)
-    assert manager._differences(wanted, RUNNING, None) == []
+    assert _differences(manager, wanted, RUNNING, None) == []
 
 
-def test_after_a_reboot_without_record_a_restart_value_still_restarts(manager, see):
-    manager.systemctl = ActiveUnit()
+def test_after_a_reboot_without_record_a_restart_value_still_restarts(manager, see, tmp_path):
+    manager = _make(tmp_path, systemctl=ActiveUnit())
     wanted = _wanted()
     _write_env(manager, wanted, CUDA_VISIBLE_DEVICES='GPU-a')
     see(manager, RUNNING)
-    assert manager._differences(wanted, RUNNING, None) == ['no .started record for the running daemon']
+    assert _differences(manager, wanted, RUNNING, None) == ['no .started record for the running daemon']
 
 
 def test_a_daemon_whose_dev_shm_cannot_be_seen_is_restarted_only_when_shm_is_wanted(manager, see):
     wanted = _wanted(shm=True)
     _write_env(manager, wanted)
     see(manager, RUNNING)
-    assert manager._differences(wanted, RUNNING, _record(wanted)) == [
+    assert _differences(manager, wanted, RUNNING, _record(wanted)) == [
         'the daemon does not see the current %s/shm as its /dev/shm (mounted anew since it started?)' % manager.paths.root]
     see(manager, RUNNING)
-    assert manager._differences(_wanted(), RUNNING, _record(_wanted())) == []
+    assert _differences(manager, _wanted(), RUNNING, _record(_wanted())) == []
 
 
 class NoNamespaceDaemon(types.SimpleNamespace):
@@ -192,21 +201,21 @@ def test_a_mount_point_is_never_removed_by_absent(manager, monkeypatch, see):
     monkeypatch.setattr(_paths, 'mount_points', lambda text: frozenset([manager.paths.pipe_dir]))
     see(manager)
     out = Outcome()
-    assert manager._remove(manager.paths.pipe_dir, out) is False and out.actions == []
+    assert manager.absent.plan_removal(manager.paths.pipe_dir, out) is False and out.actions == []
 
 
 @pytest.mark.parametrize('busy', ['refuse', 'wait', 'terminate'])
-def test_a_daemon_with_clients_is_refused_waited_for_or_ended_as_busy_says(manager, monkeypatch, busy, see):
+def test_a_daemon_with_clients_is_refused_waited_for_or_ended_as_busy_says(manager, monkeypatch, busy, see, tmp_path):
     clients = [{'pid': 41, 'uid': 1000, 'server': 7}]
-    manager.busy = busy
+    manager = _make(tmp_path, busy=busy)
     out = _manager.DaemonOutcome()
     see(manager, RUNNING, clients=clients)
     if busy == 'refuse':
         with pytest.raises(_manager.MpsError, match=r'^busy: the stop .* would end its 1 connected client\(s\) - pid 41 '
                                                     r'\(uid 1000\) on server 7; nothing was done\. Set busy=wait'):
-            manager._plan_busy(RUNNING, out, 'the stop')
+            manager.clients.plan(RUNNING, out, 'the stop')
         return
-    manager._plan_busy(RUNNING, out, 'the stop')
+    manager.clients.plan(RUNNING, out, 'the stop')
     assert out.clients == clients
     if busy == 'wait':
         assert out.actions == ['wait up to 600s for 1 connected client(s) to leave - pid 41 (uid 1000) on server 7']
@@ -218,23 +227,23 @@ def test_a_daemon_with_clients_is_refused_waited_for_or_ended_as_busy_says(manag
 def test_a_daemon_without_clients_stops_whatever_busy_says(manager, see):
     out = _manager.DaemonOutcome()
     see(manager, RUNNING)
-    manager._plan_busy(RUNNING, out, 'the stop')
+    manager.clients.plan(RUNNING, out, 'the stop')
     assert out.actions == [] and out.warnings == [] and not out.changed
 
 
 def test_a_foreground_daemon_gets_its_dropin_and_no_pid_file_and_switching_restarts_it(manager, see):
     background, foreground = _wanted(), _wanted(foreground=True)
-    files = manager._systemd_files(foreground)
-    assert 'Type=exec' in files[manager.foreground_dropin_path] and files[manager.pidfile_dropin_path] is None
-    files = manager._systemd_files(background)
-    assert files[manager.foreground_dropin_path] is None and 'PIDFile=' in files[manager.pidfile_dropin_path]
-    assert manager.foreground_dropin_path in manager.created_files()
+    files = manager.unit_files.render(foreground)
+    assert 'Type=exec' in files[manager.unit_files.foreground_dropin_path] and files[manager.unit_files.pidfile_dropin_path] is None
+    files = manager.unit_files.render(background)
+    assert files[manager.unit_files.foreground_dropin_path] is None and 'PIDFile=' in files[manager.unit_files.pidfile_dropin_path]
+    assert manager.unit_files.foreground_dropin_path in manager.absent.created_files()
     _write_env(manager, background)
     see(manager, RUNNING)
-    assert manager._differences(background, RUNNING, _record(background)) == []
+    assert _differences(manager, background, RUNNING, _record(background)) == []
     see(manager, RUNNING)
-    assert manager._differences(foreground, RUNNING, _record(foreground)) == [
-        'environment file %s differs in MPS_FOREGROUND' % manager.config.env_file]
+    assert _differences(manager, foreground, RUNNING, _record(foreground)) == [
+        'environment file %s differs in MPS_FOREGROUND' % manager.run.config.env_file]
 
 
 def test_foreground_without_systemd_is_refused_before_anything(tmp_path):
@@ -247,18 +256,18 @@ def test_foreground_without_systemd_is_refused_before_anything(tmp_path):
     assert not os.path.exists(str(tmp_path / 'root'))
 
 
-def test_a_unit_order_is_a_dropin_of_its_own_rewritten_without_a_restart(manager, see):
+def test_a_unit_order_is_a_dropin_of_its_own_rewritten_without_a_restart(manager, see, tmp_path):
     wanted = _wanted()
-    assert manager._systemd_files(wanted)[manager.order_dropin_path] is None
-    manager.unit_before, manager.unit_after = ('slurmd.service',), ('nvidia-fabricmanager.service',)
-    text = manager._systemd_files(wanted)[manager.order_dropin_path]
+    assert manager.unit_files.render(wanted)[manager.unit_files.order_dropin_path] is None
+    manager = _make(tmp_path, unit_before=('slurmd.service',), unit_after=('nvidia-fabricmanager.service',))
+    text = manager.unit_files.render(wanted)[manager.unit_files.order_dropin_path]
     assert 'Before=slurmd.service\nAfter=nvidia-fabricmanager.service\n' in text
-    assert manager.order_dropin_path.endswith('gpufleet-mps@train.service.d/gpufleet-order.conf')
-    assert manager.order_dropin_path in manager.unit_files() and manager.order_dropin_path in manager.created_files()
+    assert manager.unit_files.order_dropin_path.endswith('gpufleet-mps@train.service.d/gpufleet-order.conf')
+    assert manager.unit_files.order_dropin_path in manager.unit_files.paths() and manager.unit_files.order_dropin_path in manager.absent.created_files()
     # ordering is read by systemd at boot, not by the running daemon: never a restart
     _write_env(manager, wanted)
     see(manager, RUNNING)
-    assert manager._differences(wanted, RUNNING, _record(wanted)) == []
+    assert _differences(manager, wanted, RUNNING, _record(wanted)) == []
 
 
 @pytest.mark.parametrize('params, message', [

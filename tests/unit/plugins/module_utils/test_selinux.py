@@ -105,7 +105,7 @@ def test_a_pipe_directory_created_by_the_start_is_labelled_after_it_exists(fake,
     manager = _manager(tmp_path, check_mode=False)
     see(manager)
     out = DaemonOutcome()
-    manager._prepare_dirs(out)
+    manager.actions.prepare_dirs(out)
     assert out.actions == ['set SELinux type container_file_t on %s' % manager.paths.pipe_dir]
     assert out.selinux == {'before': None, 'after': 'container_file_t'}
     execute(out)
@@ -117,8 +117,8 @@ def test_a_drifted_label_is_repaired_once_and_check_mode_only_says_so(fake, tmp_
     os.makedirs(manager.paths.pipe_dir)
     see(manager)
     out = DaemonOutcome()
-    manager._label(out)
-    manager._prepare_dirs(out)  # planned once, not twice
+    manager.actions.label(out)
+    manager.actions.prepare_dirs(out)  # planned once, not twice
     assert out.actions == ['set SELinux type container_file_t on %s (was var_run_t)' % manager.paths.pipe_dir]
     assert out.selinux == {'before': 'var_run_t', 'after': 'container_file_t'} and fake.set_calls == []
 
