@@ -111,8 +111,8 @@ def manager(tmp_path):
 def _foreign(see, manager, known, unreadable=()):
     """The view's /proc scan as foreign_daemons(None, ..., outside=root) gives it: the root's own daemons left out."""
     outside = manager.paths.root
-    see(manager, gpus=manager.run.nvml.gpus(), daemons=([daemon for daemon in known if not daemon.pipe_dir.startswith(outside + '/')],
-                                                          list(unreadable)))
+    known = [daemon for daemon in known if not daemon.pipe_dir.startswith(outside + '/')]
+    see(manager, gpus=manager.run.nvml.gpus(), daemons=(known, list(unreadable)))
 
 
 def test_a_gpu_another_daemon_serves_is_refused_naming_its_pid_and_pipe_directory(manager, see):
