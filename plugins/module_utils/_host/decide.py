@@ -50,3 +50,15 @@ def order_steps(body: t.Sequence[T], head: t.Sequence[T], tail: t.Sequence[T], i
     waits = [step for step in body if is_wait(step)]
     rest = [step for step in body if not is_wait(step)]
     return waits + list(head) + rest + list(tail)
+
+
+def pending_warning(pending: t.Sequence[t.Tuple[str, t.Sequence[t.Mapping[str, t.Any]]]]) -> t.List[str]:
+    """One warning for every resource whose running servers keep their old limits: ``pending`` is (name, its servers that
+    keep them) for each resource not restarting (a restarting one has none left)."""
+    pending = [(name, servers) for name, servers in pending if servers]
+    if not pending:
+        return []
+    return ['running MPS servers keep the limits they started with, and so do the clients they get from now on - %s; '
+            'running_servers=update sets their limits too' % '; '.join(
+                '%s: %d server(s) (pid %s)' % (name, len(servers), ', '.join(str(server['pid']) for server in servers))
+                for name, servers in pending)]

@@ -42,9 +42,9 @@ from .._resource.layout import validate_root
 from .._resource.lock import HostLock
 from .._supervisor.unit import UNIT_DIR, Systemctl, systemd_is_pid1
 from .around import READY_FILE, Around, check_around, check_paths
-from .decide import decide_ready, order_steps
+from .decide import decide_ready, order_steps, pending_warning
 from .facts import facts_text, local_facts
-from .observe import observe
+from .observe import observe, shm_manager
 from .plan import ResourcePlan, plan_resources
 from .result import planned_resource, resource_result
 
@@ -112,7 +112,7 @@ class HostManager:
         self.around = Around(params, self.root, self.config_dir, unit_dir, self.systemctl)
         # The run's one view of the host (_observe.view.HostView), read by observe() under the host lock, then sealed.
         self.view: t.Optional[HostView] = None
-        self.shm: t.Optional[t.Any] = None  # the shared tmpfs's manager (_shm.ShmManager), deciding from the view
+        self.shm = shm_manager(params, self.root, unit_dir, check_mode=check_mode)  # _shm.ShmManager, or None
         # What the plan found worth saying without refusing (devices: all leaving out GPUs in MIG mode).
         self.plan_warnings: t.List[str] = []
 
@@ -275,7 +275,7 @@ class HostManager:
         for res in listed:
             body.take(res.name, res.limits)
             body.take(res.name, res.daemon)
-        body.warnings += self._pending_warning(listed)
+        body.warnings += pending_warning([(res.name, res.limits.pending) for res in listed if not res.restart])
         return self._order(body, listed, absent)
 
     def _order(self, body: HostOutcome, listed: t.List[_Resource], absent: bool) -> HostOutcome:
@@ -334,17 +334,6 @@ class HostManager:
         plan = res.plan
         manager = self.limits_manager(res)
         return manager.plan(plan.active_thread_percentage, plan.pinned_device_mem_limit, plan.replicas, self.params['running_servers'])
-
-    @staticmethod
-    def _pending_warning(listed: t.List[_Resource]) -> t.List[str]:
-        """One warning for every resource whose running servers keep their old limits (a restarting one has none left)."""
-        pending = [(res.name, res.limits.pending) for res in listed if not res.restart and res.limits.pending]
-        if not pending:
-            return []
-        return ['running MPS servers keep the limits they started with, and so do the clients they get from now on - %s; '
-                'running_servers=update sets their limits too' % '; '.join(
-                    '%s: %d server(s) (pid %s)' % (name, len(servers), ', '.join(str(server['pid']) for server in servers))
-                    for name, servers in pending)]
 
     def _daemon(self, res: _Resource, state: str, host: HostContext) -> t.Any:
         p = self.params

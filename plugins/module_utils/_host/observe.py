@@ -24,7 +24,7 @@ def observe(host: t.Any, listed: t.List[t.Any]) -> t.Tuple[HostView, t.List[t.An
     """``host`` (a HostManager) and its listed resources observed: (the sealed view, the resources to remove)."""
     p = host.params
     absent = p['state'] == 'absent'
-    shm = host.shm = _shm_manager(host)
+    shm = host.shm
     wants = host.around.wants()
     if shm is not None:
         wants.merge(shm.wants())
@@ -65,17 +65,16 @@ def observe(host: t.Any, listed: t.List[t.Any]) -> t.Tuple[HostView, t.List[t.An
     return view.seal(), removed
 
 
-def _shm_manager(host: t.Any) -> t.Optional[t.Any]:
+def shm_manager(params: t.Mapping[str, t.Any], root: str, unit_dir: str, *, check_mode: bool) -> t.Optional[t.Any]:
     """The shared tmpfs's manager, for a host with shm and for a teardown; None for neither."""
-    p = host.params
-    absent = p['state'] == 'absent'
-    if not (p['shm'] or absent):
+    absent = params['state'] == 'absent'
+    if not (params['shm'] or absent):
         return None
     # Imported here: only hosts with shm, and teardowns, need it.
     from .._shm import ShmManager  # pylint: disable=import-outside-toplevel
     # The plan stops every daemon of the root before the unmount (daemons_stop_first).
-    return ShmManager.for_host(host.root, 'absent' if absent else 'mounted', p['shm_persist'], '/etc/fstab', host.unit_dir,
-                               host.check_mode, p['selinux_type'], param='shm_persist', daemons_stop_first=absent)
+    return ShmManager.for_host(root, 'absent' if absent else 'mounted', params['shm_persist'], '/etc/fstab', unit_dir,
+                               check_mode, params['selinux_type'], param='shm_persist', daemons_stop_first=absent)
 
 
 def _observe_units(host: t.Any, resources: t.List[t.Any], managers: t.Mapping[str, t.Any], view: HostView) -> None:

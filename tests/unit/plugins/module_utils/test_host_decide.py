@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from ansible_collections.gpufleet.mps.plugins.module_utils._host.decide import ReadyDecision, decide_ready, order_steps
+from ansible_collections.gpufleet.mps.plugins.module_utils._host.decide import ReadyDecision, decide_ready, order_steps, pending_warning
 
 # (id, absent, listed, down, ready=, the mark exists) -> decision
 READY = [
@@ -72,3 +72,11 @@ def test_a_failed_change_keeps_its_kind_of_error_and_says_what_was_done_undone_a
     assert caught.value.param == 'size' and caught.value.msg.startswith('size: too small')
     assert 'undone: : write a' in caught.value.msg and 'not done: : remount b; : write c' in caught.value.msg
     assert done == ['a', 'undo a'] and [change.action for change in out.executed] == ['write a']
+
+
+def test_one_pending_warning_names_each_resource_whose_running_servers_keep_their_limits():
+    assert pending_warning([('train', []), ('infer', [])]) == []
+    [warning] = pending_warning([('train', [{'pid': 7}, {'pid': 9}]), ('idle', []), ('infer', [{'pid': 11}])])
+    assert warning.startswith('running MPS servers keep the limits they started with')
+    assert 'train: 2 server(s) (pid 7, 9); infer: 1 server(s) (pid 11); running_servers=update' in warning
+    assert 'idle' not in warning
