@@ -10,15 +10,27 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import MpsError
 from ansible_collections.gpufleet.mps.plugins.module_utils._host.plan import check_resources
+from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.unit import validate_units
+
+# The role's variables this filter checks, and how.
+UNIT_LISTS = ('mps_unit_before', 'mps_unit_after')
+VARIABLES = ('mps_resources',) + UNIT_LISTS
 
 
-def mps_check(resources: t.Any) -> t.Any:
-    """The resource list itself, or a refusal of what needs no GPU facts (keys, names, limit values, replica counts)."""
+def mps_check(value: t.Any, variable: str = 'mps_resources') -> t.Any:
+    """``value`` itself, or a refusal naming ``variable`` of what needs no GPU facts: for the resource list its keys,
+    names, limit values and replica counts; for a unit order, that it is a list of systemd unit names."""
+    if variable not in VARIABLES:
+        raise AnsibleFilterError('mps_check: variable must be one of %s, got %r' % (', '.join(VARIABLES), variable))
     try:
-        check_resources(resources, 'mps_resources')
+        if variable in UNIT_LISTS:
+            # A string is a comma-separated list, as Ansible's own list type reads one (-e mps_unit_before=slurmd.service).
+            validate_units([item.strip() for item in value.split(',')] if isinstance(value, str) else value, variable)
+        else:
+            check_resources(value, variable)
     except MpsError as exc:
         raise AnsibleFilterError(exc.msg) from exc
-    return resources
+    return value
 
 
 class FilterModule:
