@@ -307,7 +307,7 @@ def run(module):
     except MpsError as exc:
         daemon, missing = None, exc
     with Nvml() as nvml:
-        manager = LimitsManager(paths, config, daemon, nvml.gpus(), module.check_mode, missing_binary=missing,
+        manager = LimitsManager(paths, config, daemon, nvml.gpus(), check_mode=module.check_mode, missing_binary=missing,
                                 oversubscribe=params['oversubscribe'], client_priority=params['client_priority'],
                                 sm_partitions=params['sm_partitions'])
         outcome = manager.ensure(params['active_thread_percentage'], params['pinned_device_mem_limit'], params['replicas'],

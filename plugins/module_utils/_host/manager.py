@@ -327,7 +327,7 @@ class HostManager:
         view = view or self.view
         running = view is not None and view.resource(res.name).state.running
         return LimitsManager(res.setup.paths, res.setup.config, res.setup.daemon if running else None,
-                             view.gpus if view is not None else self.nvml.gpus(), self.check_mode, view=view, entry=plan,
+                             view.gpus if view is not None else self.nvml.gpus(), check_mode=self.check_mode, view=view, entry=plan,
                              prober=res.setup.daemon)
 
     def _limits(self, res: _Resource) -> t.Any:

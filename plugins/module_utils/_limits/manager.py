@@ -89,8 +89,8 @@ class LimitsOutcome(Outcome):
 class LimitsManager(LimitsObserve, PriorityCheck, PartitionPlan):
     """Limits of one resource."""
 
-    def __init__(self, paths: ResourcePaths, config: ConfigPaths, daemon: t.Optional[Daemon], gpus: t.Sequence[Gpu],
-                 check_mode: bool, *, view: t.Optional[t.Any] = None, oversubscribe: bool = False,
+    def __init__(self, paths: ResourcePaths, config: ConfigPaths, daemon: t.Optional[Daemon], gpus: t.Sequence[Gpu], *,
+                 check_mode: bool, view: t.Optional[t.Any] = None, oversubscribe: bool = False,
                  client_priority: t.Any = None, sm_partitions: t.Any = None, missing_binary: t.Optional[MpsError] = None,
                  entry: t.Any = None, prober: t.Optional[Daemon] = None) -> None:
         """``entry``: mps_host's resource entry (_host.plan.ResourcePlan) - the limits are then exact (declarative) and

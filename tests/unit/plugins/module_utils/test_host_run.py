@@ -800,7 +800,7 @@ def test_a_static_daemon_whose_start_record_is_gone_is_known_by_its_arguments(ho
     os.remove(paths.started_file)
     with _gpus.Nvml() as nvml:
         daemon = Daemon(paths, host.binary, start_timeout=10, stop_timeout=0)
-        manager = LimitsManager(paths, config_paths(host.params['config_dir'], 'train'), daemon, nvml.gpus(), True, sm_partitions=[4])
+        manager = LimitsManager(paths, config_paths(host.params['config_dir'], 'train'), daemon, nvml.gpus(), check_mode=True, sm_partitions=[4])
         out = manager.ensure(None, None, None, 'ignore', persist_limits=True, create=False)
     assert out.restart_needed == '' and out.commands == [] and not out.changed, out
     assert [part['chunks'] for part in out.sm_partitions] == [4]

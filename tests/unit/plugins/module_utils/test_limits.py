@@ -129,7 +129,8 @@ def gpu(index, name, mib, cc=(7, 5)):
 @pytest.fixture
 def manager(tmp_path):
     def make(gpus):
-        made = LimitsManager(resource_paths(str(tmp_path / 'root'), 'r'), config_paths(str(tmp_path / 'etc'), 'r'), None, gpus, False)
+        made = LimitsManager(resource_paths(str(tmp_path / 'root'), 'r'), config_paths(str(tmp_path / 'etc'), 'r'), None, gpus,
+                             check_mode=False)
         made.observe_own()  # the host as a run reads it first: nothing there
         return made
     return make

@@ -42,7 +42,7 @@ def test_the_per_resource_modules_decide_from_their_view_alone(simhost, decide_g
             daemon = Daemon(paths, control_binary(str(simhost / 'host' / 'bin' / 'nvidia-cuda-mps-control')), 10, 0)
             with Nvml() as nvml:
                 for check in (True, False):
-                    limits = LimitsManager(paths, setup.config, daemon, nvml.gpus(), check)
+                    limits = LimitsManager(paths, setup.config, daemon, nvml.gpus(), check_mode=check)
                     result = limits.ensure(50 if state == 'started' else 25, '10G', None, 'ignore', persist_limits=True, create=True)
                 assert not result.warnings or all('orphan' not in warning for warning in result.warnings)
     assert changed == [True, False, True, True, True]
