@@ -1,112 +1,126 @@
 # Copyright: gpufleet.mps contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Of :class:`.manager.LimitsManager`: what its decision reads of the host, and mps_limits' own run (its view read under
-the resource's lock, the decision, the one executor)."""
+"""What a decision about a resource's limits reads of the run's view of the host: its persisted files, its daemon's
+GPUs (:class:`DaemonScope`), whether that daemon runs with static partitioning, and its one control batch."""
 
 from __future__ import annotations
 
+import functools
 import typing as t
+from dataclasses import dataclass
 
-from .._errors import MpsError
-from .._gpus import Gpu, all_devices
-from .._observe.reader import read_daemon, read_help, read_host, read_process
-from .._observe.scan import orphan_warnings
-from .._protocol.commands import SET_DEFAULT_PRIORITY, SM_PARTITION
-from .._resource.lock import resource_lock
+from .._errors import DeviceSelectionError, MpsError
+from .._gpus import Gpu, all_devices, is_mig_uuid
+from .._resource.layout import ConfigPaths, ResourcePaths
+from .._selectors import resolve_devices
+from .._supervisor.liveness import DaemonState
+from .._supervisor.unit import parse_env
 from .decide import ServerLimits
+from .store import read_persisted
+
+# Said of a recorded MIG device that NVML no longer reports.
+MIG_GONE = (': the MIG instance was destroyed (and perhaps created again, with a new UUID - nvidia-smi -L lists the current '
+            'ones); start the resource on its new MIG device first (gpufleet.mps.mps_daemon, or mps_host and the fleet role, '
+            'which do both in one run), then set its limits')
 
 
-class LimitsObserve:
-    """Needs the manager's paths, config, daemon, gpus, check mode, view, prober and its decision (``_check``, ``_plan``)."""
+@dataclass(frozen=True)
+class DaemonScope:
+    """The resource's daemon as the run's view has it."""
 
-    paths: t.Any
-    config: t.Any
-    daemon: t.Any
-    gpus: t.List[Gpu]
-    check_mode: bool
-    view: t.Any
-    prober: t.Any
-    missing_binary: t.Optional[MpsError]
-    sm_partitions: t.Any
-    client_priority: t.Any
-    static_running: bool
-    scope: t.Callable[..., t.Tuple[t.List[Gpu], bool, t.Optional[int]]]
-    _check: t.Callable[..., None]
-    _plan: t.Callable[..., t.Any]
+    gpus: t.List[Gpu]  # its GPUs, in ordinal order
+    running: bool
+    pid: t.Optional[int]
+    state: DaemonState
+    record: t.Any  # its start record, read with its state
+    # The device order the commands file must follow is known (else the next start writes it).
+    order_known: bool
+    # Whether the daemon's GPUs are known: it runs, or was started (its record), or its environment file
+    # names them. Not before the first start of a new resource - the role's order.
+    scope_known: bool
 
-    def read(self, scope: t.Sequence[Gpu],
-             pid: t.Optional[int]) -> t.Tuple[t.Optional[float], t.Dict[int, t.Optional[str]], t.List[ServerLimits], t.Any]:
-        """Defaults and every server's limits, as the run's one control batch of the daemon read them."""
-        readout = self.view.answered(self.view.readouts, self.paths.name, 'the limits of %s' % self.paths.name)
-        if readout[0] != (len(scope), pid) or (self.static_running and readout[1].lspart_text is None):
-            raise MpsError('internal error: the limits of %s were read for %s, not for %s' % (
-                self.paths.name, readout[0], (len(scope), pid)))
-        return self._as_read(readout[1])
 
-    def probe(self, view: t.Any) -> None:
-        """What the decision about these limits needs beyond the files, read into ``view`` before it is sealed: the
-        running daemon's one control batch (its defaults for its devices, its servers, its partitions where started with
-        -S), its process, and - where a wanted limit needs a command its binary may lack and no daemon answered - the
-        binary's help text."""
-        self.view = view
-        seen = view.resource(self.paths.name)
-        if seen.problem is None and seen.state.running and seen.state.pid:
-            read_process(view, seen.state.pid, None, record_known=seen.record is not None)
-        scope, running, pid = self.scope(create=True)
-        prober = self.prober or self.daemon
-        missing = self.missing_binary
-        if running and self.daemon is None and missing is not None:
-            # a running daemon needs the control binary: why there is none, as it was said
-            raise MpsError(missing.msg, **missing.details)
-        if running and pid and self.daemon is not None:
-            if self.paths.name not in view.readouts or view.readouts[self.paths.name][0] != (len(scope), pid):
-                read_daemon(view, self.paths.name, self.daemon.query, len(scope), pid, self.static_running)
-            self.daemon.answered = True
-            if self.sm_partitions and not self.static_running and prober is not None:
-                read_help(view, prober, SM_PARTITION)  # a daemon without -S cannot say: its binary's help can
-            return
-        if prober is None:
-            return
-        if self.client_priority is not None:
-            read_help(view, prober, SET_DEFAULT_PRIORITY)
-        if self.sm_partitions:
-            read_help(view, prober, SM_PARTITION)
+def file_reader(view: t.Any, config: ConfigPaths, name: str) -> t.Callable[[str], t.Optional[str]]:
+    """A persisted file's text as the run read it (``view``), for the resource ``name``."""
+    return functools.partial(read_file, view, config, name)
 
-    @staticmethod
-    def _as_read(readout: t.Any) -> t.Tuple[t.Optional[float], t.Dict[int, t.Optional[str]], t.List[ServerLimits], t.Any]:
-        servers = [ServerLimits(server.pid, server.active_thread_percentage, dict(enumerate(server.pinned_device_mem_limit)))
-                   for server in readout.servers]
-        return readout.default_percentage, dict(enumerate(readout.default_mem)), servers, readout
 
-    def ensure(self, percentage: t.Any, mem: t.Any, replicas: t.Any, running_servers: str, *, persist_limits: bool,
-               create: bool) -> t.Any:
-        """mps_limits: read the resource under its lock (the lock belongs to the resource, not to its daemon: taken whether
-        or not one runs, so a concurrent mps_daemon start never replays a half-written record), decide, and (unless in
-        check mode) execute exactly that; a refused run leaves nothing behind, not even the lock it made."""
-        self._check(percentage, mem, replicas, running_servers)
-        # Imported here: mps_host, which imports this module on every run, executes through its own caller.
-        from .._execute import execute  # pylint: disable=import-outside-toplevel
-        if self.check_mode:
-            self.observe_own()
-            return self._reported(self._plan(percentage, mem, replicas, running_servers, persist_limits=persist_limits, create=create))
-        with resource_lock(self.paths) as lock:
-            self.observe_own()
-            try:
-                out = self._plan(percentage, mem, replicas, running_servers, persist_limits=persist_limits, create=create)
-            except MpsError:
-                lock.discard()
-                raise
-            execute(self._reported(out))
-            out.ui_processes = self.daemon.client.processes if self.daemon else 0
-            return out
+def read_file(view: t.Any, config: ConfigPaths, name: str, path: str) -> t.Optional[str]:
+    """A persisted file's text as the run read it."""
+    what = {config.limits_json: 'the persisted limits of %s (a JSON file)', config.limits_file: 'the limit '
+            'commands of %s (a file)', config.limits_env: 'the start environment of %s (a file)',
+            config.env_file: 'the environment file of %s'}.get(path, 'a file of %s')
+    return view.text(path, what % name)
 
-    def _reported(self, out: t.Any) -> t.Any:
-        """The root's orphans said, never acted on (gpufleet.mps.mps_host does)."""
-        out.warnings += orphan_warnings(self.view.orphans(), all_devices(self.gpus))
-        return out
 
-    def observe_own(self) -> None:
-        """The resource read once for mps_limits' own run (mps_host reads a whole host, :meth:`probe` each resource)."""
-        view = read_host(self.paths.root, self.gpus, [(self.paths, self.config)])
-        self.probe(view)
-        self.view = view.seal()
+def usable(gpus: t.Sequence[Gpu]) -> t.List[Gpu]:
+    """What a daemon of this host could be given: every GPU not in MIG mode, and every MIG device."""
+    return [gpu for gpu in all_devices(gpus) if not gpu.mig_enabled]
+
+
+def daemon_scope(view: t.Any, paths: ResourcePaths, config: ConfigPaths, gpus: t.Sequence[Gpu], *,
+                 planned: t.Optional[t.Sequence[Gpu]], create: bool) -> DaemonScope:
+    """The daemon's GPUs in ordinal order, whether it runs, and its pid. ``planned``: the devices mps_host's plan gives
+    the resource - when the daemon runs on others (a GPU move, a MIG instance re-created), it restarts on these: the limits
+    are checked and persisted for them, not sent to the old daemon."""
+    seen = view.resource(paths.name)
+    state = seen.state
+    if state.conflict:
+        raise MpsError('the MPS control daemon for %s: %s' % (paths.name, state.conflict), pid=state.pid)
+    record = seen.record
+    scope = functools.partial(DaemonScope, state=state, record=record)
+    reader = file_reader(view, config, paths.name)
+    uuids: t.Optional[t.List[str]] = None
+    if record is not None:
+        uuids = list(record.devices)
+    elif state.running and state.pid:
+        uuids = view.answered(view.environ_uuids, state.pid, 'the environment of pid %s' % state.pid)
+        if uuids is not None:
+            uuids = [gpu.uuid for gpu in resolve_devices(uuids, gpus, param='CUDA_VISIBLE_DEVICES of the daemon')]
+    elif not state.running:
+        # Stopped, but systemd starts it again from its environment file (after a crash, at boot) and replays
+        # the commands file for that device order: keep the file right for it.
+        listed = parse_env(reader(config.env_file) or '').get('CUDA_VISIBLE_DEVICES')
+        uuids = listed.split(',') if listed else None
+    if planned is not None and uuids is not None and [gpu.uuid for gpu in planned] != list(uuids):
+        return scope(list(planned), running=False, pid=None, order_known=True, scope_known=True)
+    known = dict(order_known=uuids is not None, scope_known=uuids is not None or state.running)
+    if uuids is None:
+        if state.running:
+            return scope(usable(gpus), running=True, pid=state.pid, **known)  # a daemon without CUDA_VISIBLE_DEVICES sees every GPU
+        if read_persisted(config, reader) is None and not create:
+            raise MpsError('name: resource %r has no daemon under %s and no persisted limits in %s; start it with '
+                           'gpufleet.mps.mps_daemon first, or set create=true to persist limits for its first start'
+                           % (paths.name, paths.root, config.config_dir))
+        return scope(usable(gpus), running=False, pid=None, **known)
+    by_uuid = {gpu.uuid: gpu for gpu in all_devices(gpus)}
+    missing = [uuid for uuid in uuids if uuid not in by_uuid]
+    if missing:
+        raise DeviceSelectionError('the daemon of %r was started on %s, which NVML no longer reports%s' % (
+            paths.name, ', '.join(missing), MIG_GONE if any(is_mig_uuid(uuid) for uuid in missing) else ''))
+    return scope([by_uuid[uuid] for uuid in uuids], running=state.running, pid=state.pid, **known)
+
+
+def static_running(view: t.Any, scope: DaemonScope) -> bool:
+    """The daemon was started with -S: its start record says so - or, without one (``/run`` is empty after a boot, and
+    systemd started it again with -S from the limits environment file), its arguments. Its partitions are then read
+    with its limits. A host plan keeps what its observe stage read of the arguments."""
+    if scope.record is not None:
+        return scope.record.static_partitioning
+    state = scope.state
+    if not state.running or not state.pid:
+        return False
+    return bool(view.answered(view.static_args, state.pid, 'the arguments of pid %s' % state.pid))
+
+
+def read_limits(view: t.Any, name: str,
+                scope: DaemonScope) -> t.Tuple[t.Optional[float], t.Dict[int, t.Optional[str]], t.List[ServerLimits], t.Any]:
+    """Defaults and every server's limits, as the run's one control batch of the daemon read them."""
+    readout = view.answered(view.readouts, name, 'the limits of %s' % name)
+    if readout[0] != (len(scope.gpus), scope.pid) or (static_running(view, scope) and readout[1].lspart_text is None):
+        raise MpsError('internal error: the limits of %s were read for %s, not for %s' % (
+            name, readout[0], (len(scope.gpus), scope.pid)))
+    readout = readout[1]
+    servers = [ServerLimits(server.pid, server.active_thread_percentage, dict(enumerate(server.pinned_device_mem_limit)))
+               for server in readout.servers]
+    return readout.default_percentage, dict(enumerate(readout.default_mem)), servers, readout

@@ -10,7 +10,7 @@ import types
 import pytest
 
 from ansible_collections.gpufleet.mps.plugins.module_utils._limits import manager as _limits_manager, model as _limits, observe as _limits_observe
-from ansible_collections.gpufleet.mps.plugins.module_utils._limits import store as _store
+from ansible_collections.gpufleet.mps.plugins.module_utils._limits import store as _store, writes as _limits_writes
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import InvalidParameterError, MpsError
 from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import Gpu
 from ansible_collections.gpufleet.mps.plugins.module_utils._limits.manager import LimitsManager
@@ -58,13 +58,13 @@ def test_a_limit_over_a_gpus_memory_is_refused_naming_the_gpu_and_its_size(manag
     with pytest.raises(InvalidParameterError, match=r'^pinned_device_mem_limit: 16384 MiB \(16 GiB\) is more than GPU 0 '
                                                     r'\(GPU-00000000-0000-0000-0000-000000000000, Tesla T4\) has: 15360 MiB '
                                                     r'\(15 GiB\); give at most 15360M$'):
-        manager(gpus).wanted(gpus, None, '16G', None)
+        manager(gpus).wanted(gpus, None, '16G', None, **FIRST_START)
     with pytest.raises(InvalidParameterError, match='more than GPU 1'):
-        manager(gpus).wanted(gpus, None, {1: '20G'}, None)
+        manager(gpus).wanted(gpus, None, {1: '20G'}, None, **FIRST_START)
     with pytest.raises(InvalidParameterError, match='15361 MiB'):
-        manager(gpus).wanted(gpus, None, '15361M', None)
-    assert manager(gpus).wanted(gpus, None, '15G', None).mem_for(gpus[0].uuid) == 15360  # all of it is allowed
-    assert manager(gpus).wanted(gpus, None, '15360MiB', None).mem_for(gpus[1].uuid) == 15360
+        manager(gpus).wanted(gpus, None, '15361M', None, **FIRST_START)
+    assert manager(gpus).wanted(gpus, None, '15G', None, **FIRST_START).mem_for(gpus[0].uuid) == 15360  # all of it is allowed
+    assert manager(gpus).wanted(gpus, None, '15360MiB', None, **FIRST_START).mem_for(gpus[1].uuid) == 15360
 
 
 def test_check_fits_names_the_gpu_with_an_odd_size_in_gib():
@@ -128,17 +128,19 @@ def gpu(index, name, mib, cc=(7, 5)):
 
 @pytest.fixture
 def manager(tmp_path):
-    def make(gpus):
-        made = LimitsManager(resource_paths(str(tmp_path / 'root'), 'r'), config_paths(str(tmp_path / 'etc'), 'r'), None, gpus,
-                             check_mode=False)
-        made.observe_own()  # the host as a run reads it first: nothing there
-        return made
+    def make(gpus, **options):
+        return LimitsManager(resource_paths(str(tmp_path / 'root'), 'r'), config_paths(str(tmp_path / 'etc'), 'r'), None, gpus,
+                             check_mode=False, **options)
     return make
+
+
+# What a run reads of a new resource before its first start: nothing persisted, its daemon's GPUs not known yet.
+FIRST_START = {'previous': None, 'scope_known': False}
 
 
 def test_device_plugin_example_t4_replicas_4(manager):
     t4s = [gpu(i, 'Tesla T4', 15360) for i in range(4)]
-    limits = manager(t4s).wanted(t4s, None, None, 4)
+    limits = manager(t4s).wanted(t4s, None, None, 4, **FIRST_START)
     assert limits.commands([g.uuid for g in t4s]) == [
         'set_default_device_pinned_mem_limit 0 3840M', 'set_default_device_pinned_mem_limit 1 3840M',
         'set_default_device_pinned_mem_limit 2 3840M', 'set_default_device_pinned_mem_limit 3 3840M',
@@ -147,13 +149,13 @@ def test_device_plugin_example_t4_replicas_4(manager):
 
 def test_device_plugin_example_l40s_replicas_10(manager):
     l40s = [gpu(0, 'NVIDIA L40S', 46068, (8, 9))]
-    limits = manager(l40s).wanted(l40s, None, None, 10)
+    limits = manager(l40s).wanted(l40s, None, None, 10, **FIRST_START)
     assert limits.commands([l40s[0].uuid]) == ['set_default_device_pinned_mem_limit 0 4606M', 'set_default_active_thread_percentage 10.0']
 
 
 def test_explicit_values_override_the_computed_ones(manager):
     t4s = [gpu(i, 'Tesla T4', 15360) for i in range(2)]
-    limits = manager(t4s).wanted(t4s, 30, {1: '1G'}, 4)
+    limits = manager(t4s).wanted(t4s, 30, {1: '1G'}, 4, **FIRST_START)
     assert limits.active_thread_percentage == 30.0
     assert limits.pinned_device_mem_limit == {t4s[1].uuid: 1024}
     assert limits.replicas == 4
@@ -162,19 +164,17 @@ def test_explicit_values_override_the_computed_ones(manager):
 def test_replicas_times_an_explicit_pinned_limit_may_not_exceed_the_gpu_unless_oversubscribed(manager):
     t4s = [gpu(i, 'Tesla T4', 15360) for i in range(2)]
     # 3840M x 4 = 15360M: exactly the GPU, allowed; one MiB more for each of the 4 replicas is not
-    assert manager(t4s).wanted(t4s, None, '3840M', 4).pinned_device_mem_limit == {'*': 3840}
+    assert manager(t4s).wanted(t4s, None, '3840M', 4, **FIRST_START).pinned_device_mem_limit == {'*': 3840}
     with pytest.raises(InvalidParameterError, match=r'^pinned_device_mem_limit: 4096 MiB for each of 4 replicas is 16384 MiB \(16 GiB\), '
                                                     r'more than GPU 0 \(GPU-00000000-0000-0000-0000-000000000000, Tesla T4\) has: '
                                                     r'15360 MiB; give at most 3840M, or set oversubscribe=true'):
-        manager(t4s).wanted(t4s, None, '4G', 4)
+        manager(t4s).wanted(t4s, None, '4G', 4, **FIRST_START)
     # a mapping is checked GPU by GPU: GPU 1 oversubscribed, GPU 0 not
     with pytest.raises(InvalidParameterError, match='more than GPU 1 '):
-        manager(t4s).wanted(t4s, None, {0: '1G', 1: '8G'}, 4)
-    oversubscribed = manager(t4s)
-    oversubscribed.oversubscribe = True
-    assert oversubscribed.wanted(t4s, None, '4G', 4).pinned_device_mem_limit == {'*': 4096}
+        manager(t4s).wanted(t4s, None, {0: '1G', 1: '8G'}, 4, **FIRST_START)
+    assert manager(t4s, oversubscribe=True).wanted(t4s, None, '4G', 4, **FIRST_START).pinned_device_mem_limit == {'*': 4096}
     # without replicas there is nothing to oversubscribe
-    assert manager(t4s).wanted(t4s, None, '15G', None).pinned_device_mem_limit == {'*': 15360}
+    assert manager(t4s).wanted(t4s, None, '15G', None, **FIRST_START).pinned_device_mem_limit == {'*': 15360}
 
 
 @pytest.mark.parametrize('replicas, cc, ok', [(48, (7, 0), True), (49, (7, 0), False), (16, (6, 1), True), (17, (6, 1), False),
@@ -182,10 +182,10 @@ def test_replicas_times_an_explicit_pinned_limit_may_not_exceed_the_gpu_unless_o
 def test_replicas_are_checked_against_the_client_limit_volta_from_7_0(manager, replicas, cc, ok):
     gpus = [gpu(0, 'x', 16000, cc)]
     if ok:
-        assert manager(gpus).wanted(gpus, None, None, replicas).replicas == replicas
+        assert manager(gpus).wanted(gpus, None, None, replicas, **FIRST_START).replicas == replicas
     else:
         with pytest.raises(InvalidParameterError) as excinfo:
-            manager(gpus).wanted(gpus, None, None, replicas)
+            manager(gpus).wanted(gpus, None, None, replicas, **FIRST_START)
         assert excinfo.value.param == 'replicas'
 
 
@@ -195,24 +195,24 @@ def test_the_client_limit_follows_the_driver_60_from_r590(manager, replicas, dri
     cc = (6, 0) if replicas == 17 else (9, 0)
     gpus = [Gpu(0, 'GPU-%08d-0000-0000-0000-000000000000' % 0, 'x', 141000, cc, 'default', None, None, True, driver)]
     if ok:
-        assert manager(gpus).wanted(gpus, None, None, replicas).replicas == replicas
+        assert manager(gpus).wanted(gpus, None, None, replicas, **FIRST_START).replicas == replicas
     else:
         with pytest.raises(InvalidParameterError, match='exceeds the %d MPS clients' % gpus[0].max_mps_clients):
-            manager(gpus).wanted(gpus, None, None, replicas)
+            manager(gpus).wanted(gpus, None, None, replicas, **FIRST_START)
 
 
 def test_memory_keys_must_be_the_daemons_gpus_and_given_once(manager):
     gpus = [gpu(i, 'x', 16000) for i in range(3)]
     mgr = manager(gpus)
     with pytest.raises(InvalidParameterError, match='not one of the daemon'):
-        mgr.wanted(gpus[:2], None, {2: '1G'}, None)
+        mgr.wanted(gpus[:2], None, {2: '1G'}, None, **FIRST_START)
     with pytest.raises(InvalidParameterError, match='given twice'):
-        mgr.wanted(gpus, None, {0: '1G', gpus[0].uuid: '2G'}, None)
+        mgr.wanted(gpus, None, {0: '1G', gpus[0].uuid: '2G'}, None, **FIRST_START)
 
 
 def test_one_size_means_every_gpu_of_the_daemon_in_its_order(manager):
     gpus = [gpu(i, 'x', 16000) for i in range(3)]
-    limits = manager(gpus).wanted(gpus, None, '2G', None)
+    limits = manager(gpus).wanted(gpus, None, '2G', None, **FIRST_START)
     assert limits.commands([gpus[2].uuid, gpus[0].uuid]) == [
         'set_default_device_pinned_mem_limit 0 2048M', 'set_default_device_pinned_mem_limit 1 2048M']
 
@@ -263,18 +263,18 @@ def test_the_state_acted_on_is_read_under_the_resource_lock(tmp_path, monkeypatc
     # The resource is read once, under the lock, and everything is judged from that read - the refusals too (a refused run
     # removes the lock it made): a concurrent mps_daemon or mps_limits run on the resource is seen whole or not at all.
     lock = RecordingLock()
-    monkeypatch.setattr(_limits_observe, 'resource_lock', lambda paths: lock)
+    monkeypatch.setattr(_limits_manager, 'resource_lock', lambda paths: lock)
     daemon = types.SimpleNamespace(client=types.SimpleNamespace(processes=0))
     limits = LimitsManager(resource_paths(str(tmp_path / 'root'), 'train'), config_paths(str(tmp_path / 'etc'), 'train'),
                            daemon, [gpu(0, 'Tesla T4', 15360)], check_mode=False)
     seen = []
-    original = limits.scope
+    original = _limits_manager.daemon_scope
 
-    def scope(*, create):
+    def daemon_scope(*args, **kwargs):
         seen.append(lock.held)
-        return original(create=create)
+        return original(*args, **kwargs)
 
-    limits.scope = scope
+    monkeypatch.setattr(_limits_manager, 'daemon_scope', daemon_scope)
     out = limits.ensure(None, None, 4, 'ignore', persist_limits=True, create=True)
     assert seen and all(seen)
     assert out.persisted and not lock.held
@@ -285,7 +285,7 @@ def test_the_resource_lock_is_held_while_limits_are_written_with_no_daemon_runni
     limits = LimitsManager(paths, config_paths(str(tmp_path / 'etc'), 'train'), None, [gpu(0, 'Tesla T4', 15360)],
                            check_mode=False)
     held = []
-    original = _limits_manager.persist
+    original = _limits_writes.persist
 
     def persist(*args, **kwargs):
         # Another writer (an mps_daemon start of this resource) tries the same lock while the record is written.
@@ -299,7 +299,7 @@ def test_the_resource_lock_is_held_while_limits_are_written_with_no_daemon_runni
             os.close(probe)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(_limits_manager, 'persist', persist)
+    monkeypatch.setattr(_limits_writes, 'persist', persist)
     out = limits.ensure(None, None, 4, 'ignore', persist_limits=True, create=True)
     assert out.persisted and not out.running
     assert held and all(held)  # planning and applying, both under the lock
@@ -493,11 +493,10 @@ def test_what_mps_limits_is_not_given_keeps_its_persisted_value(manager, tmp_pat
     made = manager(h100)
     os.makedirs(made.config.config_dir)
     _store.persist(made.config, _limits.Limits(50.0, {}, None, 1, (8, 4)), check_mode=False)
-    made.observe_own()
-    kept = made.wanted(h100, 25, None, None)
+    persisted = _store.read_persisted(made.config, _limits_observe.file_reader(made.observe_own(), made.config, 'r'))
+    kept = made.wanted(h100, 25, None, None, previous=persisted, scope_known=False)
     assert (kept.active_thread_percentage, kept.client_priority, kept.sm_partitions) == (25.0, 1, (8, 4))
-    made.sm_partitions = []
-    assert made.wanted(h100, None, None, None).sm_partitions == ()
+    assert manager(h100, sm_partitions=[]).wanted(h100, None, None, None, previous=persisted, scope_known=False).sm_partitions == ()
 
 
 def test_mps_limits_warns_when_a_share_is_less_than_one_sm_of_its_mig_device(tmp_path):
