@@ -9,7 +9,7 @@ import typing as t
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import MpsError
-from ansible_collections.gpufleet.mps.plugins.module_utils._host.plan import check_resources
+from ansible_collections.gpufleet.mps.plugins.module_utils._host.entries import check_resources
 from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.unit import validate_units
 
 # The role's variables this filter checks, and how.

@@ -10,7 +10,7 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import MpsError
 from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import Gpu, MigDevice, all_devices
-from ansible_collections.gpufleet.mps.plugins.module_utils._host.plan import plan_resources
+from ansible_collections.gpufleet.mps.plugins.module_utils._host.entries import resolve_entries
 
 
 def _gpu(fact: t.Mapping[str, t.Any]) -> Gpu:
@@ -32,7 +32,7 @@ def _gpu(fact: t.Mapping[str, t.Any]) -> Gpu:
 def mps_plan(resources: t.Any, gpu_facts: t.Any) -> t.List[t.Dict[str, t.Any]]:
     """Every resource with its devices resolved to UUIDs and its replicas resolved for this host's GPU models.
 
-    The same planner as the mps_host module (module_utils/_host/plan.py): an unknown key, a bad limit, a GPU in two
+    The same planner as the mps_host module (module_utils/_host/entries.py): an unknown key, a bad limit, a GPU in two
     resources or in MIG mode is refused naming the resource and the key. MIG devices come from mps_info's
     ``mig_devices`` of each GPU.
     """
@@ -42,7 +42,7 @@ def mps_plan(resources: t.Any, gpu_facts: t.Any) -> t.List[t.Dict[str, t.Any]]:
     facts_by_uuid.update({str(m['uuid']): m for fact in gpu_facts or [] for m in fact.get('mig_devices') or []})
     caps = {gpu.uuid: int(facts_by_uuid.get(gpu.uuid, {}).get('max_mps_clients') or gpu.max_mps_clients) for gpu in all_devices(gpus)}
     try:
-        return [plan.as_dict() for plan in plan_resources(resources, gpus, 'mps_resources', caps)]
+        return [entry.as_dict() for entry in resolve_entries(resources, gpus, 'mps_resources', caps)]
     except MpsError as exc:
         raise AnsibleFilterError(exc.msg) from exc
 

@@ -126,11 +126,11 @@ class Collector:
         view = read_host(request.root, gpus, named, wants, config_dir=request.config_dir)
         if 'daemons' in request.gather:
             for name, seen in sorted(view.resources.items()):
-                if request.name not in (None, name) or not (seen.state.running and seen.state.pid):
+                if request.name not in (None, name) or not (seen.liveness.running and seen.liveness.pid):
                     continue
                 record = seen.record if seen.problem is None else None
-                read_process(view, seen.state.pid, seen.paths.shm_dir, record_known=record is not None)
-                static = record.static_partitioning if record is not None else bool(view.static_args.get(seen.state.pid))
+                read_process(view, seen.liveness.pid, seen.paths.shm_dir, record_known=record is not None)
+                static = record.static_partitioning if record is not None else bool(view.static_args.get(seen.liveness.pid))
                 self._ask(view, seen, len(record.devices) if record is not None else 0, static)
         return view.seal()
 
@@ -143,7 +143,7 @@ class Collector:
         client = ControlClient(self.request.control_binary, paths.pipe_dir, timeout=self.request.timeout, log_dir=paths.log_dir)
         try:
             try:
-                readout = read_daemon(view, paths.name, client.batch, ordinals, seen.state.pid, static,
+                readout = read_daemon(view, paths.name, client.batch, ordinals, seen.liveness.pid, static,
                                       servers='servers' in self.request.gather)
             finally:
                 self.ui_processes += client.processes

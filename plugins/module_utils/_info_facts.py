@@ -79,7 +79,7 @@ class Facts:
         for name, seen in self.view.resources.items():
             record = self._record(seen)
             for uuid in record.devices if record else []:
-                serving[uuid] = (name, seen.state.pid if seen.state.running else None)
+                serving[uuid] = (name, seen.liveness.pid if seen.liveness.running else None)
         for mig in migs:
             mig['resource'], mig['daemon_pid'] = serving.get(mig['uuid'], (None, None))
 
@@ -117,14 +117,14 @@ class Facts:
             seen = self.view.resources.get(name)
             if seen is None:
                 continue
-            state = seen.state
+            state = seen.liveness
             if state.running or state.stale or state.conflict:
                 daemons.append(self.daemon(seen.paths, seen, by_uuid, nvml_available))
         self._warn_shared_gpus({d['name'] for d in daemons}, by_uuid)
         return daemons
 
     def daemon(self, paths: ResourcePaths, seen: t.Any, by_uuid: t.Mapping[str, Gpu], nvml_available: bool) -> t.Dict[str, t.Any]:
-        state, found = seen.state, self._record(seen)
+        state, found = seen.liveness, self._record(seen)
         view = self.view
         record = found or StartRecord()  # no record: no devices, and null for what only a record says
         uuids = list(record.devices)

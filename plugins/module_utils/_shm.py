@@ -141,8 +141,8 @@ class ShmManager:
         if self.selinux_type:
             read_labels(view, [self.path])
         for seen in view.resources.values():
-            if (seen.state.running or seen.state.conflict) and seen.state.pid:
-                read_process(view, seen.state.pid, self.path, record_known=True)
+            if (seen.liveness.running or seen.liveness.conflict) and seen.liveness.pid:
+                read_process(view, seen.liveness.pid, self.path, record_known=True)
 
     def _read(self, path: str, what: str) -> t.Optional[str]:
         return self.view.text(path, what)
@@ -183,7 +183,7 @@ class ShmManager:
         """
         users = []
         for name, seen in sorted(self.view.resources.items()):
-            state = seen.state
+            state = seen.liveness
             if not (state.running or state.conflict):
                 continue
             sees = self.view.dev_shm.get(state.pid) if state.pid else None

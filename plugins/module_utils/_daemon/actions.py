@@ -16,7 +16,7 @@ from .._outcome import Outcome
 from .._resource.record import StartRecord
 from .._resource.store import wants_static
 from .._selinux import plan_type
-from .._supervisor.liveness import PIPE_DIR_FILES, DaemonState
+from .._supervisor.liveness import PIPE_DIR_FILES, Liveness
 from .devices import DeviceChoice
 from .model import DaemonOutcome, DaemonRun, Wanted, record_start
 from .systemd import UnitFiles
@@ -131,7 +131,7 @@ class DaemonActions:
                                             run.paths.name, run.config.limits_json, binary, SM_PARTITION))
         return commands
 
-    def stop_process(self, state: DaemonState, record: t.Optional[StartRecord], out: Outcome) -> None:
+    def stop_process(self, state: Liveness, record: t.Optional[StartRecord], out: Outcome) -> None:
         """Stop the running daemon through whoever supervises it."""
         run = self.run
         systemctl = run.systemctl
@@ -151,7 +151,7 @@ class DaemonActions:
         # What the stop removes, later steps (state=absent) must not list a second time.
         run.planned.would_remove += [os.path.join(run.paths.pipe_dir, name) for name in PIPE_DIR_FILES]
 
-    def stop(self, state: DaemonState, record: t.Optional[StartRecord], out: Outcome) -> None:
+    def stop(self, state: Liveness, record: t.Optional[StartRecord], out: Outcome) -> None:
         """Stop a running daemon, reset the compute mode of GPUs nobody else uses, drop the record."""
         self.stop_process(state, record, out)
         self.release(record, out)

@@ -11,8 +11,8 @@ from .._errors import MpsError
 from .._outcome import Outcome
 from .._observe.reader import clients_of
 from .._proc import child_pids
-from .._protocol.state import read_state
-from .._supervisor.liveness import DaemonState
+from .._protocol.batch import read_batch
+from .._supervisor.liveness import Liveness
 from .model import DaemonOutcome, DaemonRun
 
 BUSY_POLL = 0.5
@@ -26,7 +26,7 @@ class BusyClients:
 
     def connected(self, pid: t.Optional[int]) -> t.List[t.Dict[str, t.Any]]:
         """The clients of the daemon's servers, as the daemon lists them now (one UI process)."""
-        return clients_of(read_state(self.run.daemon.query, 0, child_pids(pid) if pid else []))
+        return clients_of(read_batch(self.run.daemon.query, 0, child_pids(pid) if pid else []))
 
     def observed(self, pid: t.Optional[int]) -> t.List[t.Dict[str, t.Any]]:
         """The clients of the running daemon ``pid`` as the run's view read them (its one control batch)."""
@@ -37,7 +37,7 @@ class BusyClients:
             raise MpsError('internal error: the clients of %s were read for pid %s, not %s' % (name, found[0], pid))
         return list(found[1])
 
-    def plan(self, current: DaemonState, out: Outcome, change: str) -> None:
+    def plan(self, current: Liveness, out: Outcome, change: str) -> None:
         """Connected clients would be ended by this stop: refuse (the default), wait for them, or go on and end them."""
         run = self.run
         clients = self.observed(current.pid)

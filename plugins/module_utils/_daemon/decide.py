@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from .._gpus import Gpu
 from .._resource.record import StartRecord
-from .._supervisor.liveness import DaemonState
+from .._supervisor.liveness import Liveness
 from .._supervisor.unit import RESTART_ENV
 
 
@@ -24,7 +24,7 @@ from .._supervisor.unit import RESTART_ENV
 class DaemonSeen:
     """What one run observed of a resource's daemon."""
 
-    state: DaemonState
+    liveness: Liveness
     record: t.Optional[StartRecord] = None
     # The environment file as it is (systemd), parsed; the unit's activity, asked only when the record is missing.
     env: t.Mapping[str, str] = field(default_factory=dict)
@@ -62,7 +62,7 @@ def env_restart_keys(wanted: WantedDaemon, seen: DaemonSeen) -> t.List[str]:
 
 
 def _shm_difference(wanted: WantedDaemon, seen: DaemonSeen) -> t.List[str]:
-    if not seen.state.pid:
+    if not seen.liveness.pid:
         return []
     if wanted.shm and seen.dev_shm != wanted.shm_dir:
         return ['the daemon does not see the current %s as its /dev/shm (mounted anew since it started?)' % wanted.shm_dir]
@@ -74,7 +74,7 @@ def _shm_difference(wanted: WantedDaemon, seen: DaemonSeen) -> t.List[str]:
 def daemon_differences(wanted: WantedDaemon, seen: DaemonSeen, started_file: str = '.started',
                        env_file: str = 'the environment file') -> t.List[str]:
     """Why the running daemon is not the wanted one (each reason a restart's); empty when it is, or when none runs."""
-    current, record = seen.state, seen.record
+    current, record = seen.liveness, seen.record
     if not current.running:
         return []
     if record is None:
@@ -109,7 +109,7 @@ def daemon_differences(wanted: WantedDaemon, seen: DaemonSeen, started_file: str
     return found
 
 
-def decide_run(state: str, current: DaemonState, differences: t.Sequence[str], restart_reason: str = '') -> t.Tuple[str, str]:
+def decide_run(state: str, current: Liveness, differences: t.Sequence[str], restart_reason: str = '') -> t.Tuple[str, str]:
     """What a run that wants the daemon up does: (``keep`` | ``restart`` | ``recover`` | ``start``, why)."""
     if current.running and state == 'started' and not differences:
         return 'keep', ''

@@ -9,7 +9,7 @@ import typing as t
 
 from .._limits.store import read_persisted
 from .._resource.record import StartRecord
-from .._supervisor.liveness import DaemonState
+from .._supervisor.liveness import Liveness
 from .._supervisor.unit import parse_env
 from .decide import DaemonSeen, WantedDaemon, daemon_differences, env_restart_keys
 from .model import DaemonRun, Wanted
@@ -30,7 +30,7 @@ def _wanted_daemon(run: DaemonRun, unit: UnitFiles, wanted: Wanted) -> WantedDae
                         wanted.static)
 
 
-def _seen(run: DaemonRun, wanted: WantedDaemon, current: DaemonState, record: t.Optional[StartRecord]) -> DaemonSeen:
+def _seen(run: DaemonRun, wanted: WantedDaemon, current: Liveness, record: t.Optional[StartRecord]) -> DaemonSeen:
     """What the decision needs, and only that: the environment file and the unit under systemd, /dev/shm of a running
     daemon, the unit's activity only when the record is missing and the environment file is as wanted."""
     view = run.view
@@ -45,7 +45,7 @@ def _seen(run: DaemonRun, wanted: WantedDaemon, current: DaemonState, record: t.
     return seen
 
 
-def differences(run: DaemonRun, unit: UnitFiles, wanted: Wanted, current: DaemonState,
+def differences(run: DaemonRun, unit: UnitFiles, wanted: Wanted, current: Liveness,
                 record: t.Optional[StartRecord]) -> t.List[str]:
     """Why the running daemon differs from the wanted one (nothing for a daemon that does not run)."""
     if not current.running:

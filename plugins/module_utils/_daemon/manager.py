@@ -26,7 +26,7 @@ from .._resource.layout import ConfigPaths, ResourcePaths, config_paths, contain
 from .._resource.lock import RESOURCE_LOCK, resource_lock
 from .._resource.record import StartRecord
 from .._selinux import validate_type as validate_selinux_type
-from .._supervisor.liveness import DaemonState
+from .._supervisor.liveness import Liveness
 from .._supervisor.process import Daemon
 from .._supervisor.unit import UNIT_DIR, Systemctl, systemd_is_pid1, validate_units
 from .absent import Absent
@@ -87,7 +87,7 @@ class DaemonManager:
         self.run.host.view = observe(self.run, self.wants(shm=shm, state=state), state, shm=shm, remove_logs=remove_logs)
 
     @staticmethod
-    def describe(state: DaemonState, record: t.Optional[StartRecord]) -> t.Dict[str, t.Any]:
+    def describe(state: Liveness, record: t.Optional[StartRecord]) -> t.Dict[str, t.Any]:
         """The before/after view used for diff."""
         view: t.Dict[str, t.Any] = {'state': state.label}
         if record:
@@ -171,7 +171,7 @@ class DaemonManager:
         out = DaemonOutcome()
         out.warnings.extend(run.planned.warnings)
         seen = self.view.resource(run.paths.name)
-        current = seen.state
+        current = seen.liveness
         run.planned.own_pid = current.pid
         if current.conflict:
             raise MpsError('the MPS control daemon for %s: %s' % (run.paths.name, current.conflict), pid=current.pid)
@@ -196,7 +196,7 @@ class DaemonManager:
             out.after['selinux_type'] = out.selinux['after']
         return out
 
-    def _ensure_stopped(self, current: DaemonState, record: t.Optional[StartRecord], out: Outcome) -> None:
+    def _ensure_stopped(self, current: Liveness, record: t.Optional[StartRecord], out: Outcome) -> None:
         run = self.run
         if current.running:
             self.clients.plan(current, out, 'the stop')
@@ -212,7 +212,7 @@ class DaemonManager:
                 # Stopping never enables a unit; it disables one when asked to.
                 self.unit_files.apply_enabled(False, out)
 
-    def _ensure_running(self, state: str, wanted: Wanted, current: DaemonState, record: t.Optional[StartRecord],
+    def _ensure_running(self, state: str, wanted: Wanted, current: Liveness, record: t.Optional[StartRecord],
                         out: Outcome) -> None:
         run = self.run
         actions = self.actions
@@ -266,7 +266,7 @@ class DaemonManager:
             actions.clean_stale(out)
         actions.start(wanted, out, restart=False)
 
-    def _split_restart(self, wanted: Wanted, current: DaemonState, record: t.Optional[StartRecord], why: str,
+    def _split_restart(self, wanted: Wanted, current: Liveness, record: t.Optional[StartRecord], why: str,
                        out: 'DaemonOutcome') -> None:
         """A restart a host plan splits, decided once: its stop half in ``out.first`` (every stop of the plan comes before
         any start: GPU moves, swaps, renames in one run), its start half in ``out``, planned as the stop leaves the host."""

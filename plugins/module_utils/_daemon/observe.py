@@ -52,12 +52,12 @@ def probe(run: DaemonRun, view: t.Any, state: str, *, shm: bool, ordinals: t.Opt
     seen = view.resource(paths.name)
     if run.systemctl is not None:
         read_units(view, run.systemctl, [run.unit])
-    running = seen.state.running and seen.state.pid
+    running = seen.liveness.running and seen.liveness.pid
     if running and ordinals is not None and paths.name not in view.readouts:
-        read_daemon(view, paths.name, daemon.query, ordinals, seen.state.pid)
+        read_daemon(view, paths.name, daemon.query, ordinals, seen.liveness.pid)
         daemon.answered = True
     if running:
-        read_process(view, seen.state.pid, paths.shm_dir, record_known=seen.problem is None and seen.record is not None)
+        read_process(view, seen.liveness.pid, paths.shm_dir, record_known=seen.problem is None and seen.record is not None)
     if run.selinux_type:
         read_labels(view, [paths.pipe_dir])
     if state in ('stopped', 'absent'):

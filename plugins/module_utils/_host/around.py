@@ -132,7 +132,7 @@ class Around:
         return [path for path in (p.get('slurm_task_prolog'), p.get('slurm_gres_conf')) if path]
 
     def wants(self) -> Wants:
-        """Every path this plans from: the files it compares with what it would write, the directories it checks."""
+        """Every path this entries from: the files it compares with what it would write, the directories it checks."""
         p = self.params
         wants = Wants().add(files=list(self._health_files()) + [self._drop_in(), self._fact()] + self._slurm_files(),
                             dirs=[p['logrotate_dir'], p.get('metrics_dir') or None],
@@ -144,23 +144,23 @@ class Around:
             old = None  # not a file: the decision refuses it, naming it
         return wants.add(others=[os.path.join(old, METRICS_FILE)] if old else [])
 
-    def _slurm_resources(self, plans: t.Sequence[t.Any]) -> t.List[t.Dict[str, t.Any]]:
-        """The listed resources (_host.plan.ResourcePlan) as the Slurm hook renders them: their directories and GPUs in the
+    def _slurm_resources(self, entries: t.Sequence[t.Any]) -> t.List[t.Dict[str, t.Any]]:
+        """The listed resources (_host.entries.ResourceEntry) as the Slurm hook renders them: their directories and GPUs in the
         daemon's order; resources on MIG devices left out (Slurm describes MIG devices itself)."""
-        return [{'name': plan.name, 'pipe_dir': resource_paths(self.root, plan.name).pipe_dir,
-                 'log_dir': resource_paths(self.root, plan.name).log_dir,
-                 'devices': [{'index': gpu.index, 'uuid': gpu.uuid, 'memory_total_mib': gpu.memory_total_mib} for gpu in plan.devices]}
-                for plan in plans if not any(gpu.is_mig for gpu in plan.devices)]
+        return [{'name': entry.name, 'pipe_dir': resource_paths(self.root, entry.name).pipe_dir,
+                 'log_dir': resource_paths(self.root, entry.name).log_dir,
+                 'devices': [{'index': gpu.index, 'uuid': gpu.uuid, 'memory_total_mib': gpu.memory_total_mib} for gpu in entry.devices]}
+                for entry in entries if not any(gpu.is_mig for gpu in entry.devices)]
 
-    def slurm(self, out: Outcome, plans: t.Optional[t.Sequence[t.Any]]) -> None:
-        """Slurm's TaskProlog and gres.conf from the listed resources (``plans``: None when the hook is not wanted).
+    def slurm(self, out: Outcome, entries: t.Optional[t.Sequence[t.Any]]) -> None:
+        """Slurm's TaskProlog and gres.conf from the listed resources (``entries``: None when the hook is not wanted).
 
         Without the hook (or at teardown) a file at those paths is removed only when this collection wrote it (its
         header says so): an administrator's own gres.conf - or whatever else is there - is never touched.
         """
         p = self.params
         paths = [(param, p.get(param)) for param in ('slurm_task_prolog', 'slurm_gres_conf') if p.get(param)]
-        if plans is None:
+        if entries is None:
             for param, path in paths:
                 if self.view.paths.isdir(path) or not self.view.paths.exists(path):
                     continue
@@ -169,7 +169,7 @@ class Around:
             return
         # Imported here: only hosts with the Slurm hook compile it (AnsiballZ compiles every module imported, on every run).
         from .._supervisor.slurm import render_gres_conf, render_task_prolog  # pylint: disable=import-outside-toplevel
-        resources = self._slurm_resources(plans)
+        resources = self._slurm_resources(entries)
         for param, path in paths:
             text = self.view.text(path, 'the Slurm file %s names' % param)
             if text is not None and not _slurm_managed(text):

@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The whole MPS state of one host in one run: observe, decide one list of changes, execute exactly that list.
 
-Validation (:func:`..plan.plan_resources` and every resource's options) raises before anything is read from the
+Validation (:func:`..plan.resolve_entries` and every resource's options) raises before anything is read from the
 daemons or changed. Then, under the host lock (the root's ``flock``: one run at a time, a bounded wait), the run
 plans every change of the host into one ordered list - the same list in check mode and in a real run, by
 construction: check mode returns it, a real run executes it, change by change, and reports each change only after
@@ -45,7 +45,7 @@ from .around import READY_FILE, Around, check_around, check_paths
 from .decide import decide_ready, order_steps, pending_warning
 from .facts import facts_text, local_facts
 from .observe import observe, shm_manager
-from .plan import ResourcePlan, plan_resources
+from .entries import ResourceEntry, resolve_entries
 from .result import planned_resource, resource_result
 
 __all__ = ['HostManager', 'HostOutcome', 'READY_FILE']
@@ -76,11 +76,11 @@ class HostOutcome(Outcome):
 
 @dataclass
 class _Resource:
-    """One resource of the run: listed (``plan``) or to be removed (``plan`` is None)."""
+    """One resource of the run: listed (``entry``) or to be removed (``entry`` is None)."""
 
     name: str
     setup: DaemonSetup
-    plan: t.Optional[ResourcePlan] = None
+    entry: t.Optional[ResourceEntry] = None
     limits: t.Optional[t.Any] = None
     daemon: t.Optional[t.Any] = None
     restart: bool = False
@@ -117,10 +117,10 @@ class HostManager:
         self.plan_warnings: t.List[str] = []
 
     # --- validation --------------------------------------------------------------------------------
-    def _setup(self, name: str, state: str, plan: t.Optional[ResourcePlan]) -> DaemonSetup:
+    def _setup(self, name: str, state: str, entry: t.Optional[ResourceEntry]) -> DaemonSetup:
         p = self.params
         values = dict(root=self.root, config_dir=self.config_dir, control_binary=p['control_binary'], name=name, state=state,
-                      devices=[gpu.uuid for gpu in plan.devices] if plan else 'all', multiuser=plan.multiuser if plan else False,
+                      devices=[gpu.uuid for gpu in entry.devices] if entry else 'all', multiuser=entry.multiuser if entry else False,
                       compute_mode=p['compute_mode'], supervisor=p['supervisor'], start_timeout=p['start_timeout'],
                       stop_timeout=p['stop_timeout'], busy=p['busy'], busy_timeout=p['busy_timeout'], log_mode=p['log_mode'],
                       shm=p['shm'], container_root=p['container_root'], selinux_type=p['selinux_type'],
@@ -128,20 +128,20 @@ class HostManager:
         try:
             return DaemonSetup.from_params(values, self.binary, unit_dir=self.unit_dir)
         except InvalidParameterError as exc:
-            raise _as_entry(exc, name) if plan is not None else exc
+            raise _as_entry(exc, name) if entry is not None else exc
 
     def validate(self, gpus: t.Sequence[Gpu]) -> t.List[_Resource]:
         """The listed resources, every option checked; nothing read from a daemon, nothing changed."""
         p = self.params
         self.plan_warnings = []
-        plans = plan_resources(p['resources'], gpus, 'resources', warnings=self.plan_warnings) if p['state'] == 'present' else []
+        entries = resolve_entries(p['resources'], gpus, 'resources', warnings=self.plan_warnings) if p['state'] == 'present' else []
         if p['state'] == 'present':
             if p['shm']:
                 # Imported here, as everything only shm needs: AnsiballZ compiles every module imported, on every run.
                 from .._tmpfs import size_kib  # pylint: disable=import-outside-toplevel
                 size_kib(p['shm_size'], param='shm_size')
             check_around(self.params, self.root, systemd=self.systemctl is not None)
-        return [_Resource(plan.name, self._setup(plan.name, 'started', plan), plan) for plan in plans]
+        return [_Resource(entry.name, self._setup(entry.name, 'started', entry), entry) for entry in entries]
 
     def removed_setups(self, view: HostView, listed: t.Sequence[_Resource]) -> t.List[_Resource]:
         """The resources the view found (under the root, or with files in the config directory) that are not listed, to be
@@ -194,7 +194,7 @@ class HostManager:
             return
         view = self.view
         down = sorted(res.name for res in listed if view is not None and res.name in view.resources
-                      and not view.resources[res.name].state.running)
+                      and not view.resources[res.name].liveness.running)
         if isinstance(exc, DaemonTimeoutError):
             down.append('a daemon that did not answer in time')
         ready = self.around.ready_path
@@ -241,7 +241,7 @@ class HostManager:
             """What every resource's manager is told by this plan (the one view, what it removes, what it ends first)."""
             return HostContext(ignore, would_remove, ending_pids=ending, view=view, **values)
 
-        kept = frozenset(gpu.uuid for res in listed for gpu in res.plan.devices) if p['compute_mode'] != 'unchanged' else frozenset()
+        kept = frozenset(gpu.uuid for res in listed for gpu in res.entry.devices) if p['compute_mode'] != 'unchanged' else frozenset()
         # Each listed resource decided once: its limits, then its daemon - a restart split into its stop half (every stop
         # of the plan before any start: GPU moves, swaps and renames in one run) and its start half, which replays the
         # limits, so that nothing is sent to the daemon it replaces.
@@ -296,9 +296,9 @@ class HostManager:
         if not absent:
             self.around.health(tail, bool(listed), paused=paused)
         self.around.logrotate(tail, not absent)
-        self.around.slurm(tail, [res.plan for res in listed if res.plan] if not absent and self.params['slurm_hook'] else None)
+        self.around.slurm(tail, [res.entry for res in listed if res.entry] if not absent and self.params['slurm_hook'] else None)
         if not absent and self.params['local_facts']:
-            out.facts = local_facts([res.plan.as_dict() for res in listed if res.plan], [planned_resource(res) for res in listed],
+            out.facts = local_facts([res.entry.as_dict() for res in listed if res.entry], [planned_resource(res) for res in listed],
                                     [gpu.facts() for gpu in self.view.gpus], self.root)
         self.around.local_facts(tail, facts_text(out.facts) if out.facts is not None else None)
         if absent and self.params['remove_logs']:
@@ -321,28 +321,28 @@ class HostManager:
 
     def limits_manager(self, res: t.Any, view: t.Optional[HostView] = None) -> LimitsManager:
         """The limits manager of a listed resource, deciding from the run's view (``view``: the one being read)."""
-        plan = res.plan
-        if plan is None:
+        entry = res.entry
+        if entry is None:
             raise MpsError('internal error: limits of the removed resource %s were asked for' % res.name)
         view = view or self.view
-        running = view is not None and view.resource(res.name).state.running
+        running = view is not None and view.resource(res.name).liveness.running
         return LimitsManager(res.setup.paths, res.setup.config, res.setup.daemon if running else None,
-                             view.gpus if view is not None else self.nvml.gpus(), check_mode=self.check_mode, view=view, entry=plan,
+                             view.gpus if view is not None else self.nvml.gpus(), check_mode=self.check_mode, view=view, entry=entry,
                              prober=res.setup.daemon)
 
     def _limits(self, res: _Resource) -> t.Any:
-        plan = res.plan
+        entry = res.entry
         manager = self.limits_manager(res)
-        return manager.plan(plan.active_thread_percentage, plan.pinned_device_mem_limit, plan.replicas, self.params['running_servers'])
+        return manager.plan(entry.active_thread_percentage, entry.pinned_device_mem_limit, entry.replicas, self.params['running_servers'])
 
     def _daemon(self, res: _Resource, state: str, host: HostContext) -> t.Any:
         p = self.params
         manager = res.setup.manager(self.nvml, self.check_mode, host)
-        if res.plan is None:
+        if res.entry is None:
             # A pruned resource keeps its logs; a teardown removes them when asked to.
             return manager.plan('absent', 'all', multiuser=False, compute_mode=p['compute_mode'], enabled=False, shm=False,
                                 remove_logs=p['remove_logs'] and p['state'] == 'absent')
-        return manager.plan(state, [gpu.uuid for gpu in res.plan.devices], multiuser=res.plan.multiuser,
+        return manager.plan(state, [gpu.uuid for gpu in res.entry.devices], multiuser=res.entry.multiuser,
                             compute_mode=p['compute_mode'], enabled=True, shm=p['shm'], foreground=p['foreground'])
 
     def _shm(self, out: HostOutcome) -> None:

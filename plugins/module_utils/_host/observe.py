@@ -52,10 +52,10 @@ def observe(host: t.Any, listed: t.List[t.Any]) -> t.Tuple[HostView, t.List[t.An
         managers[res.name].probe(view, 'started', shm=p['shm'], ordinals=None)
     for name, seen in sorted(view.resources.items()):
         # A daemon the plan stops or removes, listed or not: its servers' clients, which busy decides about.
-        if seen.state.running and seen.state.pid and name not in view.readouts:
+        if seen.liveness.running and seen.liveness.pid and name not in view.readouts:
             manager = managers.get(name)
             if manager is not None:
-                read_daemon(view, name, manager.daemon.query, 0, seen.state.pid)
+                read_daemon(view, name, manager.daemon.query, 0, seen.liveness.pid)
                 manager.daemon.answered = True
     for res in removed:
         managers[res.name].probe(view, 'absent', shm=False, ordinals=None)

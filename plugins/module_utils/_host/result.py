@@ -24,7 +24,7 @@ def resource_result(res: t.Any, check_mode: bool, seen: t.Optional[t.Any] = None
     ``seen``: the run's observation of it, still true when the run changed nothing; None reads the daemon's state again.
     """
     paths = res.setup.paths
-    state = seen.state if seen is not None else inspect(paths)
+    state = seen.liveness if seen is not None else inspect(paths)
     healthy = False
     reason = ''
     daemon = res.daemon
@@ -53,9 +53,9 @@ def resource_result(res: t.Any, check_mode: bool, seen: t.Optional[t.Any] = None
         'healthy': healthy,
         'healthy_now': healthy or check_mode,
         'reason': reason or ('' if healthy else 'not running'),
-        'devices': [dict(gpu.summary(), ordinal=ordinal) for ordinal, gpu in enumerate(res.plan.devices)] if res.plan else [],
-        'multiuser': res.plan.multiuser if res.plan else False,
-        'replicas': res.plan.replicas if res.plan else None,
+        'devices': [dict(gpu.summary(), ordinal=ordinal) for ordinal, gpu in enumerate(res.entry.devices)] if res.entry else [],
+        'multiuser': res.entry.multiuser if res.entry else False,
+        'replicas': res.entry.replicas if res.entry else None,
         'env': paths.client_env(),
         'container': res.setup.container,
         'limits': {'persisted': planned_resource(res)['limits']['persisted'], 'commands': limits.commands if limits else [],

@@ -89,7 +89,7 @@ class LimitsManager:
                  check_mode: bool, view: t.Optional[t.Any] = None, oversubscribe: bool = False, client_priority: t.Any = None,
                  sm_partitions: t.Any = None, missing_binary: t.Optional[MpsError] = None, entry: t.Any = None,
                  prober: t.Optional[Daemon] = None) -> None:
-        """``entry``: mps_host's resource entry (_host.plan.ResourcePlan) - the limits are then exact (declarative) and
+        """``entry``: mps_host's resource entry (_host.entries.ResourceEntry) - the limits are then exact (declarative) and
         its own options win; ``prober``: the daemon whose binary's help is read where none runs (mps_host: the
         resource's own, before its start)."""
         self.paths = paths
@@ -100,7 +100,7 @@ class LimitsManager:
         # The run's one view of the host (_observe.view.HostView) that plan() decides from: mps_host's (mps_limits' own
         # run reads its own under the resource's lock, ensure()).
         self.view = view
-        # mps_host's entry (_host.plan.ResourcePlan), its values checked and parsed once, by the plan.
+        # mps_host's entry (_host.entries.ResourceEntry), its values checked and parsed once, by the plan.
         self.entry = entry
         # Exact (declarative) limits, as mps_host manages them: what is not given is not wanted - no inheritance from
         # the persisted record, a thread percentage not given is 100, a memory limit not given is none.
@@ -134,8 +134,8 @@ class LimitsManager:
         -S), its process, and - where a wanted limit needs a command its binary may lack and no daemon answered - the
         binary's help text."""
         seen = view.resource(self.paths.name)
-        if seen.problem is None and seen.state.running and seen.state.pid:
-            read_process(view, seen.state.pid, None, record_known=seen.record is not None)
+        if seen.problem is None and seen.liveness.running and seen.liveness.pid:
+            read_process(view, seen.liveness.pid, None, record_known=seen.record is not None)
         scope = self.scope(view, create=True)
         prober = self.prober or self.daemon
         missing = self.missing_binary
@@ -262,7 +262,7 @@ class LimitsManager:
         if replicas is not None and (self.planned is not None or scope.scope_known):
             out.warnings += replica_warnings(wanted.replicas, self.planned if self.planned is not None else scope.gpus)
         if not self.exact and scope.scope_known and (percentage is not None or replicas is not None):
-            # mps_limits; mps_host's plan says it once for the whole host (_host/plan.py).
+            # mps_limits; mps_host's plan says it once for the whole host (_host/entries.py).
             out.warnings += less_than_one_sm(wanted.active_thread_percentage, scope.gpus,
                                              'active_thread_percentage' if percentage is not None else 'replicas')
         # Observed (one UI process for a running daemon), then decided by a pure function of it.
@@ -321,15 +321,15 @@ class LimitsManager:
         if not persist_limits:
             return 'the MPS control daemon of %r is not running and record=false: nothing was done' % self.paths.name
         kept = 'the limits %s persisted' % ('would be' if self.check_mode else 'are')
-        state = scope.state
-        if not state.stale:
+        liveness = scope.liveness
+        if not liveness.stale:
             return ('the MPS control daemon of %r is not running (not started yet, or stopped): %s, not applied now; its next '
                     'start applies them' % (self.paths.name, kept))
         record = scope.record
         if record is not None:
             since = 'was started (%s)' % (record.started_at or 'at an unknown time')
         else:
-            since = 'left %s in %s' % (', '.join(state.leftovers), self.paths.pipe_dir)
+            since = 'left %s in %s' % (', '.join(liveness.leftovers), self.paths.pipe_dir)
         msg = ('the MPS control daemon of %r %s but is not running now (crashed or killed?): %s, not applied now; they will '
                'be applied when it starts again' % (self.paths.name, since, kept))
         if not self.start_follows:

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from .._errors import InvalidParameterError
 from .._protocol.commands import PRIORITIES, set_default_mem, set_default_percentage, set_default_priority, sm_partition_add
 # The read-back parsers are the protocol's; callers still import them from here too.
-from .._protocol.readback import parse_readback, readback_readable  # noqa: F401  pylint: disable=unused-import
 from .._selectors import resolve_devices
 
 FORMAT_VERSION = 1

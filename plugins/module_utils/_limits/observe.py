@@ -13,7 +13,7 @@ from .._errors import DeviceSelectionError, MpsError
 from .._gpus import Gpu, all_devices, is_mig_uuid
 from .._resource.layout import ConfigPaths, ResourcePaths
 from .._selectors import resolve_devices
-from .._supervisor.liveness import DaemonState
+from .._supervisor.liveness import Liveness
 from .._supervisor.unit import parse_env
 from .decide import ServerLimits
 from .store import read_persisted
@@ -31,8 +31,8 @@ class DaemonScope:
     gpus: t.List[Gpu]  # its GPUs, in ordinal order
     running: bool
     pid: t.Optional[int]
-    state: DaemonState
-    record: t.Any  # its start record, read with its state
+    liveness: Liveness
+    record: t.Any  # its start record, read with its liveness
     # The device order the commands file must follow is known (else the next start writes it).
     order_known: bool
     # Whether the daemon's GPUs are known: it runs, or was started (its record), or its environment file
@@ -64,30 +64,30 @@ def daemon_scope(view: t.Any, paths: ResourcePaths, config: ConfigPaths, gpus: t
     the resource - when the daemon runs on others (a GPU move, a MIG instance re-created), it restarts on these: the limits
     are checked and persisted for them, not sent to the old daemon."""
     seen = view.resource(paths.name)
-    state = seen.state
-    if state.conflict:
-        raise MpsError('the MPS control daemon for %s: %s' % (paths.name, state.conflict), pid=state.pid)
+    liveness = seen.liveness
+    if liveness.conflict:
+        raise MpsError('the MPS control daemon for %s: %s' % (paths.name, liveness.conflict), pid=liveness.pid)
     record = seen.record
-    scope = functools.partial(DaemonScope, state=state, record=record)
+    scope = functools.partial(DaemonScope, liveness=liveness, record=record)
     reader = file_reader(view, config, paths.name)
     uuids: t.Optional[t.List[str]] = None
     if record is not None:
         uuids = list(record.devices)
-    elif state.running and state.pid:
-        uuids = view.answered(view.environ_uuids, state.pid, 'the environment of pid %s' % state.pid)
+    elif liveness.running and liveness.pid:
+        uuids = view.answered(view.environ_uuids, liveness.pid, 'the environment of pid %s' % liveness.pid)
         if uuids is not None:
             uuids = [gpu.uuid for gpu in resolve_devices(uuids, gpus, param='CUDA_VISIBLE_DEVICES of the daemon')]
-    elif not state.running:
+    elif not liveness.running:
         # Stopped, but systemd starts it again from its environment file (after a crash, at boot) and replays
         # the commands file for that device order: keep the file right for it.
         listed = parse_env(reader(config.env_file) or '').get('CUDA_VISIBLE_DEVICES')
         uuids = listed.split(',') if listed else None
     if planned is not None and uuids is not None and [gpu.uuid for gpu in planned] != list(uuids):
         return scope(list(planned), running=False, pid=None, order_known=True, scope_known=True)
-    known = dict(order_known=uuids is not None, scope_known=uuids is not None or state.running)
+    known = dict(order_known=uuids is not None, scope_known=uuids is not None or liveness.running)
     if uuids is None:
-        if state.running:
-            return scope(usable(gpus), running=True, pid=state.pid, **known)  # a daemon without CUDA_VISIBLE_DEVICES sees every GPU
+        if liveness.running:
+            return scope(usable(gpus), running=True, pid=liveness.pid, **known)  # a daemon without CUDA_VISIBLE_DEVICES sees every GPU
         if read_persisted(config, reader) is None and not create:
             raise MpsError('name: resource %r has no daemon under %s and no persisted limits in %s; start it with '
                            'gpufleet.mps.mps_daemon first, or set create=true to persist limits for its first start'
@@ -98,7 +98,7 @@ def daemon_scope(view: t.Any, paths: ResourcePaths, config: ConfigPaths, gpus: t
     if missing:
         raise DeviceSelectionError('the daemon of %r was started on %s, which NVML no longer reports%s' % (
             paths.name, ', '.join(missing), MIG_GONE if any(is_mig_uuid(uuid) for uuid in missing) else ''))
-    return scope([by_uuid[uuid] for uuid in uuids], running=state.running, pid=state.pid, **known)
+    return scope([by_uuid[uuid] for uuid in uuids], running=liveness.running, pid=liveness.pid, **known)
 
 
 def static_running(view: t.Any, scope: DaemonScope) -> bool:
@@ -107,10 +107,10 @@ def static_running(view: t.Any, scope: DaemonScope) -> bool:
     with its limits. A host plan keeps what its observe stage read of the arguments."""
     if scope.record is not None:
         return scope.record.static_partitioning
-    state = scope.state
-    if not state.running or not state.pid:
+    liveness = scope.liveness
+    if not liveness.running or not liveness.pid:
         return False
-    return bool(view.answered(view.static_args, state.pid, 'the arguments of pid %s' % state.pid))
+    return bool(view.answered(view.static_args, liveness.pid, 'the arguments of pid %s' % liveness.pid))
 
 
 def read_limits(view: t.Any, name: str,

@@ -18,7 +18,7 @@ from .._errors import MpsError
 from .._gpus import Gpu
 from .._io import ancestors
 from .._proc import child_pids, daemon_dev_shm, read_locks, read_mountinfo, started_static, uuids_from_environ
-from .._protocol.state import read_state
+from .._protocol.batch import read_batch
 from .._resource.layout import OWN_ENTRIES, SHM_DIR, ConfigPaths, ResourcePaths, config_paths, resource_paths
 from .._supervisor.liveness import LOCK_FILE, PIPE_DIR_FILES, inspect
 from .paths import DIRECTORY, FILE, PathView, read_paths
@@ -149,14 +149,14 @@ def read_daemon(view: HostView, name: str, query: t.Callable[[t.List[str]], t.An
     """A running daemon of resource ``name`` in one control batch: its defaults for ``ordinals`` devices, its servers with
     their limits and clients (``servers``: every child asked about; else the server list alone), its SM partitions
     where ``partitions``."""
-    readout = read_state(query, ordinals, child_pids(pid) if servers else [], partitions)
+    readout = read_batch(query, ordinals, child_pids(pid) if servers else [], partitions)
     view.readouts[name] = ((ordinals, pid), readout)
     view.clients[name] = (pid, clients_of(readout))
     return readout
 
 
 def clients_of(readout: t.Any) -> t.List[t.Dict[str, t.Any]]:
-    """The clients of a daemon's servers as one control batch listed them (_protocol.state.DaemonReadout)."""
+    """The clients of a daemon's servers as one control batch listed them (_protocol.batch.DaemonReadout)."""
     from .._proc import process_uid  # pylint: disable=import-outside-toplevel
     return [{'pid': client, 'uid': process_uid(client), 'server': server.pid}
             for server in readout.servers for client in server.clients]

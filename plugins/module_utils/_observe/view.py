@@ -21,7 +21,7 @@ from .._errors import MpsError
 from .._gpus import Gpu
 from .._resource.layout import ResourcePaths
 from .._resource.record import StartRecord
-from .._supervisor.liveness import DaemonState
+from .._supervisor.liveness import Liveness
 from .paths import PathView, ViewMiss
 
 CORRUPT = 'corrupt'
@@ -32,7 +32,7 @@ class ResourceView:
     """One resource as the run found it: its daemon's state (lock, pid file, process, socket) and its start record."""
 
     paths: ResourcePaths
-    state: DaemonState
+    liveness: Liveness
     # the record's problem, raised where a decision reads the record: a directory where it belongs, an unreadable file
     problem: t.Optional[MpsError] = None
     _record: t.Optional[StartRecord] = None
@@ -70,7 +70,7 @@ class HostView:
     # The one /proc scan: the host's control daemons outside the root (GPUs known, unreadable), and the root's orphans among
     # the first (_observe.scan.foreign_daemons).
     daemons: t.Tuple[t.List[t.Any], t.List[t.Any]] = field(default_factory=lambda: ([], []))
-    # Each running daemon's state as its one control batch read it (_protocol.state.DaemonReadout), by resource, with the
+    # Each running daemon's state as its one control batch read it (_protocol.batch.DaemonReadout), by resource, with the
     # (device count, pid) it was read for.
     readouts: t.Dict[str, t.Tuple[t.Tuple[int, t.Optional[int]], t.Any]] = field(default_factory=dict)
     # The clients connected to each running daemon's servers, from the same batch, by resource: (daemon pid, clients).
@@ -156,14 +156,14 @@ class HostView:
             raise ViewMiss('the SELinux label of %s' % path)
         return self.labels[path]
 
-    def live(self, exclude: t.Collection[str] = ()) -> t.Dict[str, t.Tuple[DaemonState, StartRecord]]:
+    def live(self, exclude: t.Collection[str] = ()) -> t.Dict[str, t.Tuple[Liveness, StartRecord]]:
         """The root's resources whose daemon runs (or may: its evidence disagrees), with their records."""
         found = {}
         for name, seen in sorted(self.resources.items()):
-            if name in exclude or not (seen.state.running or seen.state.conflict) or seen.problem is not None:
+            if name in exclude or not (seen.liveness.running or seen.liveness.conflict) or seen.problem is not None:
                 continue
             if seen.record is not None:
-                found[name] = (seen.state, seen.record)
+                found[name] = (seen.liveness, seen.record)
         return found
 
     def orphans(self) -> t.List[t.Any]:

@@ -29,7 +29,7 @@ DEFAULT_PIPE_DIR = '/tmp/nvidia-mps'
 
 
 @dataclass
-class DaemonState:
+class Liveness:
     """What the pipe directory says about the daemon, without talking to it."""
 
     running: bool
@@ -63,7 +63,7 @@ def read_pid_file(pipe_dir: str) -> t.Optional[int]:
     return int(text) if text.isdigit() else None
 
 
-def inspect(paths: ResourcePaths, locks: t.Optional[t.List[str]] = None) -> DaemonState:
+def inspect(paths: ResourcePaths, locks: t.Optional[t.List[str]] = None) -> Liveness:
     """Find the daemon of ``paths`` without talking to it: its lock on ``control_lock`` and its process decide.
 
     A live process that holds a lock on ``control_lock`` runs it (the real r580 daemon holds a POSIX write lock that
@@ -86,9 +86,9 @@ def inspect(paths: ResourcePaths, locks: t.Optional[t.List[str]] = None) -> Daem
     elif holders:
         pid = holders[0]
     if pid is None:
-        return DaemonState(False, None, pid_file_pid, leftovers)
+        return Liveness(False, None, pid_file_pid, leftovers)
     if os.path.lexists(paths.control_socket):
-        return DaemonState(True, pid, pid_file_pid, leftovers)
+        return Liveness(True, pid, pid_file_pid, leftovers)
     evidence = []
     if pid in holders:
         evidence.append('holds %s' % os.path.join(paths.pipe_dir, LOCK_FILE))
@@ -98,7 +98,7 @@ def inspect(paths: ResourcePaths, locks: t.Optional[t.List[str]] = None) -> Daem
                 'bind its socket, or a socket removed under a live daemon), so nothing was cleaned, stopped, started or '
                 'reset; find out what pid %d is doing (see %s) and stop it, then run again' % (
                     pid, ' and '.join(evidence), paths.control_socket, pid, os.path.join(paths.log_dir, 'control.log')))
-    return DaemonState(False, pid, pid_file_pid, leftovers, conflict)
+    return Liveness(False, pid, pid_file_pid, leftovers, conflict)
 
 
 def _serves(pid: int, pipe_dir: str) -> t.Optional[bool]:

@@ -106,7 +106,7 @@ def see():
     from ansible_collections.gpufleet.mps.plugins.module_utils._observe.reader import read_labels, resource_wants
     from ansible_collections.gpufleet.mps.plugins.module_utils._observe.view import HostView, ResourceView, parse_record
     from ansible_collections.gpufleet.mps.plugins.module_utils._proc import read_mountinfo
-    from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.liveness import DaemonState
+    from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.liveness import Liveness
 
     def build(manager, state=None, dev_shm=None, clients=(), unit=(True, True), gpus=(), daemons=((), ()), offered=None,
               shm_namespace=''):
@@ -116,7 +116,7 @@ def see():
         view.mountinfo = read_mountinfo()
         view.realpaths[manager.paths.shm_dir] = os.path.join(os.path.realpath(manager.paths.root), 'shm')
         view.paths = read_paths(wants.files, wants.dirs, wants.others, mountinfo=view.mountinfo)
-        state = state or DaemonState(False, None, None)
+        state = state or Liveness(False, None, None)
         record, corrupt = parse_record(view.text(manager.paths.started_file))
         view.resources[manager.paths.name] = ResourceView(manager.paths, state, None, record, corrupt)
         view.daemons = (list(daemons[0]), list(daemons[1]))

@@ -16,13 +16,13 @@ from ansible_collections.gpufleet.mps.plugins.module_utils._daemon.decide import
 )
 from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import Gpu, MigDevice
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource.record import StartRecord
-from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.liveness import DaemonState
+from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.liveness import Liveness
 
 U0, U1 = 'GPU-0', 'GPU-1'
 SHM = '/run/mps/shm'
-RUNNING = DaemonState(True, 41, 41)
-STOPPED = DaemonState(False, None, None)
-STALE = DaemonState(False, None, 41, leftovers=['nvidia-cuda-mps-control.pid', 'control'])
+RUNNING = Liveness(True, 41, 41)
+STOPPED = Liveness(False, None, None)
+STALE = Liveness(False, None, 41, leftovers=['nvidia-cuda-mps-control.pid', 'control'])
 ENV = {'CUDA_VISIBLE_DEVICES': U0, 'CUDA_MPS_PIPE_DIRECTORY': '/run/mps/train/pipe'}
 
 
@@ -67,7 +67,7 @@ TABLE = [
 def test_daemon_decision_table(wanted, seen, reasons, action):
     found = daemon_differences(wanted, seen, '.started', 'env')
     assert len(found) == len(reasons) and all(text in item for text, item in zip(reasons, found)), found
-    assert decide_run('started', seen.state, found)[0] == action
+    assert decide_run('started', seen.liveness, found)[0] == action
 
 
 def test_state_restarted_restarts_an_unchanged_daemon_and_says_why():

@@ -154,12 +154,12 @@ def test_multiuser_is_refused_below_volta_naming_the_gpus(manager, see):
 
 
 def test_a_resource_entry_is_refused_multiuser_below_volta_in_the_same_words_naming_the_entry(manager, see):
-    from ansible_collections.gpufleet.mps.plugins.module_utils._host.plan import plan_resources  # pylint: disable=import-outside-toplevel
+    from ansible_collections.gpufleet.mps.plugins.module_utils._host.entries import resolve_entries  # pylint: disable=import-outside-toplevel
     gpus = [_gpu(0, 'GPU-p', cc=(6, 0)), _gpu(1, 'GPU-v', cc=(7, 0))]
     see(manager, gpus=gpus)
     with pytest.raises(InvalidParameterError) as daemon:
         manager.devices.wanted('all', multiuser=True, compute_mode='exclusive_process', enabled=True)
     with pytest.raises(InvalidParameterError) as entry:
-        plan_resources([{'name': 'train', 'multiuser': True}], gpus)
+        resolve_entries([{'name': 'train', 'multiuser': True}], gpus)
     assert (daemon.value.param, entry.value.param) == ('multiuser', 'resources[train].multiuser')
     assert entry.value.msg == 'resources[train].' + daemon.value.msg

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from ansible_collections.gpufleet.mps.plugins.module_utils import _gpus, _info, _proc
-from ansible_collections.gpufleet.mps.plugins.module_utils._protocol import framing as _control, state as _state
+from ansible_collections.gpufleet.mps.plugins.module_utils._protocol import batch as _batch, framing as _control
 from ansible_collections.gpufleet.mps.plugins.module_utils._protocol.framing import Reply, SENTINEL
 from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.process import daemon_env
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import ControlBinaryError, InvalidParameterError
@@ -48,7 +48,7 @@ def test_a_failed_pid_percentage_query_never_shifts_the_replies_after_it(failure
     lines = failure + PS + ['100.0', 'ACTIVE', '100.0', '25.0']
     replies = _control.split_replies(cmds, lines)
     assert [reply.command for reply in replies] == cmds
-    assert _state.optional_percentage(replies[0]) is None
+    assert _batch.optional_percentage(replies[0]) is None
     assert replies[1].lines == ('ACTIVE',)
     assert replies[2].lines == ('25.0',)
 
@@ -77,26 +77,26 @@ def _replies(cmds, texts):
 
 
 def test_only_listed_servers_are_reported_with_status_uid_clients_and_limits():
-    cmds = _state.state_commands(2, [31, 32])
+    cmds = _batch.batch_commands(2, [31, 32])
     replies = _replies(cmds, [
         '25.0', '32', '3G', '0M', '1',                                  # defaults, server list, client priority
         'Server with PID 31 not found', 'Server with PID 31 not found',  # 31: not a server
         'Server with PID 31 not found', 'Server with PID 31 not found', 'Server with PID 31 not found PID ID SERVER',
         'ACTIVE', '41\n42', '3G', '512M', '25.0',                       # 32
     ])
-    readout = _state.parse_state(replies, 2, [31, 32])
+    readout = _batch.parse_batch(replies, 2, [31, 32])
     assert readout.default_percentage == 25.0
     assert readout.default_mem == ['3G', None]
     assert readout.default_priority == 1
-    assert readout.servers == [_state.ServerState(32, 'ACTIVE', [41, 42], 25.0, ['3G', '512M'])]
+    assert readout.servers == [_batch.ServerReadout(32, 'ACTIVE', [41, 42], 25.0, ['3G', '512M'])]
 
 
 def test_a_listed_server_that_is_not_a_child_is_still_listed():
-    cmds = _state.state_commands(1, [])
-    readout = _state.parse_state(_replies(cmds, ['100.0', '77', '', 'Unrecognized command: get_default_client_priority']), 1, [])
+    cmds = _batch.batch_commands(1, [])
+    readout = _batch.parse_batch(_replies(cmds, ['100.0', '77', '', 'Unrecognized command: get_default_client_priority']), 1, [])
     assert readout.default_mem == [None]
     assert readout.default_priority is None  # a binary without client priority
-    assert readout.servers == [_state.ServerState(77)]
+    assert readout.servers == [_batch.ServerReadout(77)]
 
 
 def test_process_uid_reads_the_real_uid(tmp_path):
@@ -405,7 +405,7 @@ def test_the_facts_are_rendered_from_a_hand_built_view_alone(monkeypatch):
     from ansible_collections.gpufleet.mps.plugins.module_utils._observe.paths import DIRECTORY, FILE, MISSING, Entry, PathView
     from ansible_collections.gpufleet.mps.plugins.module_utils._observe.scan import ForeignDaemon
     from ansible_collections.gpufleet.mps.plugins.module_utils._observe.view import HostView, ResourceView
-    from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.liveness import DaemonState
+    from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.liveness import Liveness
     root, etc = '/nowhere/root', '/nowhere/etc'
     paths = resource_paths(root, 'train')
     record = json.dumps({'devices': [UUID0], 'multiuser': False, 'supervisor': 'none', 'pid': 4100, 'started_at': 'then',
@@ -426,8 +426,8 @@ def test_the_facts_are_rendered_from_a_hand_built_view_alone(monkeypatch):
     view = HostView([_gpus.Gpu(0, UUID0, 'NVIDIA H100', 81559, (9, 0), 'exclusive_process', False, False, True, '580.95.05')],
                     PathView(entries, mounts_read=True))
     view.mountinfo, view.realpaths[root + '/shm'] = '', root + '/shm'
-    view.resources['train'] = ResourceView(paths, DaemonState(True, 4100, 4100), None, _info_facts_record(record))
-    view.readouts['train'] = ((1, 4100), _state.DaemonReadout(25.0, ['3G'], [_state.ServerState(4200, 'ACTIVE', [4300], 25.0, ['3G'])], 0))
+    view.resources['train'] = ResourceView(paths, Liveness(True, 4100, 4100), None, _info_facts_record(record))
+    view.readouts['train'] = ((1, 4100), _batch.DaemonReadout(25.0, ['3G'], [_batch.ServerReadout(4200, 'ACTIVE', [4300], 25.0, ['3G'])], 0))
     view.uids[4200], view.dev_shm[4100] = 1000, '/dev/shm'
     view.daemons = ([ForeignDaemon(4400, root + '/gone/pipe', 0, [UUID0], orphan=True)], [])
     view.seal()

@@ -11,6 +11,7 @@ import pytest
 
 from ansible_collections.gpufleet.mps.plugins.module_utils._limits import manager as _limits_manager, model as _limits, observe as _limits_observe
 from ansible_collections.gpufleet.mps.plugins.module_utils._limits import store as _store, writes as _limits_writes
+from ansible_collections.gpufleet.mps.plugins.module_utils._protocol import readback as _readback
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import InvalidParameterError, MpsError
 from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import Gpu
 from ansible_collections.gpufleet.mps.plugins.module_utils._limits.manager import LimitsManager
@@ -107,19 +108,19 @@ def test_percentages_compare_as_numbers(value, expected):
     ('', 512, False),
 ])
 def test_readback_is_compared_at_the_granularity_the_daemon_reports(text, mib, matches):
-    assert _limits.readback_matches(_limits.parse_readback(text), mib) is matches
+    assert _limits.readback_matches(_readback.parse_readback(text), mib) is matches
 
 
 @pytest.mark.parametrize('text', ['N/A', 'No limit', 'unlimited', 'Invalid device', '3.5G', '-1M'])
 def test_a_readback_that_is_no_size_is_unknown_and_matches_no_wanted_limit(text):
-    assert _limits.parse_readback(text) is None
-    assert not _limits.readback_readable(text)
-    assert not _limits.readback_matches(_limits.parse_readback(text), 2048)
+    assert _readback.parse_readback(text) is None
+    assert not _readback.readback_readable(text)
+    assert not _limits.readback_matches(_readback.parse_readback(text), 2048)
 
 
 @pytest.mark.parametrize('text', ['', '0', '0M', '3G', '512M'])
 def test_sizes_and_the_plain_unset_forms_are_readable(text):
-    assert _limits.readback_readable(text)
+    assert _readback.readback_readable(text)
 
 
 def gpu(index, name, mib, cc=(7, 5)):

@@ -12,7 +12,7 @@ from ansible_collections.gpufleet.mps.plugins.module_utils._errors import Device
 from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import (
     Gpu, MigDevice, Nvml, all_devices, profile_slices,
 )
-from ansible_collections.gpufleet.mps.plugins.module_utils._host.plan import plan_resources, replicas_for
+from ansible_collections.gpufleet.mps.plugins.module_utils._host.entries import resolve_entries, replicas_for
 from ansible_collections.gpufleet.mps.plugins.module_utils._selectors import resolve_devices, visible_gpus
 
 
@@ -139,7 +139,7 @@ def test_replicas_by_profile_and_by_model(mixed):
 def test_planning_mig_resources_with_replicas_by_profile(mixed):
     gpus, _parser = mixed
     warnings = []
-    plans = plan_resources([
+    plans = resolve_entries([
         {'name': 'big', 'devices': ['1:0'], 'replicas': {'3g.40gb': 6, '1g.10gb': 2}},
         {'name': 'small', 'devices': ['1:2'], 'replicas': {'3g.40gb': 6, '1g.10gb': 2}},
         {'name': 'whole'},
@@ -158,12 +158,12 @@ def test_planning_mig_resources_with_replicas_by_profile(mixed):
 def test_mig_plans_are_refused_naming_the_mig_device(mixed, resources, message):
     gpus, _parser = mixed
     with pytest.raises(MpsError, match=message):
-        plan_resources(resources, gpus)
+        resolve_entries(resources, gpus)
 
 
 def test_two_mig_devices_of_one_gpu_in_two_resources_are_fine(mixed):
     gpus, _parser = mixed
-    plans = plan_resources([{'name': 'a', 'devices': ['1:0']}, {'name': 'b', 'devices': ['1:1']}], gpus)
+    plans = resolve_entries([{'name': 'a', 'devices': ['1:0']}, {'name': 'b', 'devices': ['1:1']}], gpus)
     assert [p.devices[0].address for p in plans] == ['1:0', '1:1']
 
 
@@ -252,11 +252,11 @@ def test_a_percentage_under_one_sm_of_a_mig_device_is_warned_naming_the_smallest
     assert small.multiprocessor_count  # NVML gives a MIG device's SM count
     smallest = math.ceil(1000.0 / small.multiprocessor_count) / 10
     warnings = []
-    plan_resources([{'name': 'a', 'devices': ['1:2'], 'active_thread_percentage': smallest - 0.2},
+    resolve_entries([{'name': 'a', 'devices': ['1:2'], 'active_thread_percentage': smallest - 0.2},
                     {'name': 'b', 'devices': ['1:1'], 'active_thread_percentage': 50}], gpus, warnings=warnings)
     expected = ('resources[a].active_thread_percentage: %s%% of the %d SMs of %s is less than one SM; the smallest percentage '
                 'that gives one is %s' % (round(smallest - 0.2, 1), small.multiprocessor_count, small.label, smallest))
     assert warnings == [expected]
     warnings = []
-    plan_resources([{'name': 'a', 'devices': ['1:2'], 'active_thread_percentage': smallest}], gpus, warnings=warnings)
+    resolve_entries([{'name': 'a', 'devices': ['1:2'], 'active_thread_percentage': smallest}], gpus, warnings=warnings)
     assert warnings == []

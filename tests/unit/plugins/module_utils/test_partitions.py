@@ -14,7 +14,7 @@ from ansible_collections.gpufleet.mps.plugins.module_utils._limits.partitions im
 )
 from ansible_collections.gpufleet.mps.plugins.module_utils._protocol.commands import check_applied, sm_partition_rm
 from ansible_collections.gpufleet.mps.plugins.module_utils._protocol.framing import Reply
-from ansible_collections.gpufleet.mps.plugins.module_utils._protocol.state import parse_state, state_commands
+from ansible_collections.gpufleet.mps.plugins.module_utils._protocol.batch import parse_batch, batch_commands
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource.record import StartRecord
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource.store import start_environment
 
@@ -122,8 +122,8 @@ def test_a_removal_prints_nothing_and_its_refusal_raises():
 
 
 def test_the_state_batch_asks_lspart_only_of_a_static_daemon():
-    assert 'lspart' not in state_commands(1, [])
-    cmds = state_commands(1, [], partitions=True)
+    assert 'lspart' not in batch_commands(1, [])
+    cmds = batch_commands(1, [], partitions=True)
     assert cmds[-1] == 'lspart'
     replies = [Reply(cmd, lines) for cmd, lines in zip(cmds, [('100.0',), ('',), ('',), ('0',), tuple(CODE.splitlines())])]
-    assert parse_state(replies, 1, [], partitions=True).lspart_text == CODE.strip()
+    assert parse_batch(replies, 1, [], partitions=True).lspart_text == CODE.strip()

@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.liveness import DaemonState
+from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.liveness import Liveness
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import InvalidParameterError
 from ansible_collections.gpufleet.mps.plugins.module_utils._daemon import manager as _manager
 from ansible_collections.gpufleet.mps.plugins.module_utils._daemon.differences import differences
@@ -50,7 +50,7 @@ def _wanted(**overrides):
 
 
 # A pid that cannot exist (above any pid_max): its /proc/<pid>/root/dev/shm cannot be read.
-RUNNING = DaemonState(running=True, pid=99999999, pid_file_pid=99999999)
+RUNNING = Liveness(running=True, pid=99999999, pid_file_pid=99999999)
 
 
 def _data(wanted):

@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """A host's resource list resolved against its GPUs, every entry checked, before anything is touched.
 
-One check for every entry point: the ``mps_host`` module plans with it, the fleet role's ``mps_plan``
+One check for every entry point: the ``mps_host`` module resolves its entries with it, the fleet role's ``mps_plan``
 filter (which only has ``mps_info``'s GPU facts) wraps it. All or nothing: the first bad entry raises,
 naming the entry and the key.
 """
@@ -27,7 +27,7 @@ from .._selectors import resolve_devices
 
 
 @dataclass
-class ResourcePlan:
+class ResourceEntry:
     """One listed resource: its GPUs (in the given order), its replicas for this host's GPU model, its limits as given."""
 
     name: str
@@ -50,7 +50,7 @@ class ResourcePlan:
                 or self.client_priority is not None or bool(self.sm_partitions))
 
     def wanted_limits(self) -> Limits:
-        """The limits mps_host wants for this entry, as :func:`plan_resources` checked and parsed them against the entry's
+        """The limits mps_host wants for this entry, as :func:`resolve_entries` checked and parsed them against the entry's
         own GPUs (the checks run once, here). Exact: what the entry does not give is not wanted."""
         parsed = self.limits
         limits = Limits()
@@ -118,15 +118,15 @@ def _entries(resources: t.Any, param: str, *, strict_keys: bool) -> t.Iterator[t
         yield resource, name
 
 
-def plan_resources(resources: t.Any, gpus: t.Sequence[Gpu], param: str = 'resources',
-                   caps: t.Optional[t.Mapping[str, int]] = None, strict_keys: bool = True,
-                   warnings: t.Optional[t.List[str]] = None) -> t.List[ResourcePlan]:
+def resolve_entries(resources: t.Any, gpus: t.Sequence[Gpu], param: str = 'resources',
+                    caps: t.Optional[t.Mapping[str, int]] = None, *, strict_keys: bool = True,
+                    warnings: t.Optional[t.List[str]] = None) -> t.List[ResourceEntry]:
     """Every resource with its devices resolved and its limits checked against its own GPUs, or a refusal.
 
     ``warnings`` receives what is not wrong but worth saying (``devices: all`` leaving out GPUs in MIG mode).
     """
     owner: t.Dict[str, str] = {}
-    plans = []
+    entries = []
     for resource, name in _entries(resources, param, strict_keys=strict_keys):
         where = '%s[%s]' % (param, name)
         devices = resource.get('devices')
@@ -143,19 +143,19 @@ def plan_resources(resources: t.Any, gpus: t.Sequence[Gpu], param: str = 'resour
         replicas = per_gpu.pop() if per_gpu else None
         if replicas is not None:
             check_replicas(replicas, chosen, where + '.replicas', caps)
-        plan = ResourcePlan(name, chosen, multiuser(resource, where), replicas,
-                            resource.get('active_thread_percentage'), resource.get('pinned_device_mem_limit'),
-                            oversubscribe=boolean(resource, 'oversubscribe', where), client_priority=resource.get('client_priority'),
-                            sm_partitions=resource.get('sm_partitions'))
-        _check_limits(plan, where, gpus)
+        entry = ResourceEntry(name, chosen, multiuser(resource, where), replicas,
+                              resource.get('active_thread_percentage'), resource.get('pinned_device_mem_limit'),
+                              oversubscribe=boolean(resource, 'oversubscribe', where), client_priority=resource.get('client_priority'),
+                              sm_partitions=resource.get('sm_partitions'))
+        _check_limits(entry, where, gpus)
         if warnings is not None:
-            share = plan.limits.get('active_thread_percentage')
+            share = entry.limits.get('active_thread_percentage')
             if share is None and replicas:
                 share = replica_limits(replicas, ())[0]
-            key = '.active_thread_percentage' if 'active_thread_percentage' in plan.limits else '.replicas'
+            key = '.active_thread_percentage' if 'active_thread_percentage' in entry.limits else '.replicas'
             warnings.extend(less_than_one_sm(share, chosen, where + key))
-        plans.append(plan)
-    return plans
+        entries.append(entry)
+    return entries
 
 
 # The most MPS clients any GPU takes (48 from Volta on, 60 with drivers 590 and later): a replica count above it is
@@ -186,7 +186,7 @@ def check_resources(resources: t.Any, param: str = 'resources') -> None:
     """What can be refused in a resource list without the host's GPUs - on the controller, before any host is touched.
 
     Keys, names, percentages, the form of sizes and replica counts. The rest (devices, sizes against memory,
-    replicas against each GPU) is :func:`plan_resources`' on the host, with the same messages.
+    replicas against each GPU) is :func:`resolve_entries`' on the host, with the same messages.
     """
     for resource, name in _entries(resources, param, strict_keys=True):
         where = '%s[%s]' % (param, name)
@@ -213,27 +213,27 @@ def check_resources(resources: t.Any, param: str = 'resources') -> None:
                                             'or a mapping from GPU model to one; got %r' % (MAX_CLIENTS, value))
 
 
-def _check_limits(plan: ResourcePlan, where: str, gpus: t.Sequence[Gpu]) -> None:
+def _check_limits(entry: ResourceEntry, where: str, gpus: t.Sequence[Gpu]) -> None:
     """What mps_limits and mps_daemon would refuse, refused before anything is touched.
 
     Sizes go through the modules' own parsing and check: the decimal units (20GB) are refused as ambiguous, and
     a size over the memory of one of the resource's GPUs is refused naming that GPU and its size.
     """
-    if plan.active_thread_percentage is not None:
-        plan.limits['active_thread_percentage'] = parse_percentage(plan.active_thread_percentage, where + '.active_thread_percentage')
-    if plan.client_priority is not None:
-        plan.limits['client_priority'] = parse_priority(plan.client_priority, where + '.client_priority')
-    if plan.sm_partitions is not None:
-        chunks = parse_partitions(plan.sm_partitions, where + '.sm_partitions')
-        check_partition_gpus(chunks, plan.devices, where + '.sm_partitions')
+    if entry.active_thread_percentage is not None:
+        entry.limits['active_thread_percentage'] = parse_percentage(entry.active_thread_percentage, where + '.active_thread_percentage')
+    if entry.client_priority is not None:
+        entry.limits['client_priority'] = parse_priority(entry.client_priority, where + '.client_priority')
+    if entry.sm_partitions is not None:
+        chunks = parse_partitions(entry.sm_partitions, where + '.sm_partitions')
+        check_partition_gpus(chunks, entry.devices, where + '.sm_partitions')
         if chunks:
-            plan.limits['sm_partitions'] = list(chunks)
-    if plan.pinned_device_mem_limit is not None:
+            entry.limits['sm_partitions'] = list(chunks)
+    if entry.pinned_device_mem_limit is not None:
         param = where + '.pinned_device_mem_limit'
-        mib = parse_mem_limit(plan.pinned_device_mem_limit, gpus, plan.devices, param)
-        check_fits(mib, plan.devices, param)
-        if plan.replicas is not None and not plan.oversubscribe:
-            check_shares_fit(mib, plan.replicas, plan.devices, param)
-        plan.limits['pinned_device_mem_limit'] = mib
-    if plan.multiuser:
-        check_multiuser(plan.devices, where + '.multiuser')
+        mib = parse_mem_limit(entry.pinned_device_mem_limit, gpus, entry.devices, param)
+        check_fits(mib, entry.devices, param)
+        if entry.replicas is not None and not entry.oversubscribe:
+            check_shares_fit(mib, entry.replicas, entry.devices, param)
+        entry.limits['pinned_device_mem_limit'] = mib
+    if entry.multiuser:
+        check_multiuser(entry.devices, where + '.multiuser')

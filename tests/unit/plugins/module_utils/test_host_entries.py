@@ -7,7 +7,7 @@ import pytest
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import MpsError
 from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import Gpu
 from ansible_collections.gpufleet.mps.plugins.module_utils._host.facts import facts_text, local_facts
-from ansible_collections.gpufleet.mps.plugins.module_utils._host.plan import check_resources, plan_resources, replicas_for
+from ansible_collections.gpufleet.mps.plugins.module_utils._host.entries import check_resources, resolve_entries, replicas_for
 
 
 def gpu(index, name='NVIDIA H100 80GB HBM3', mib=81559, cc=(9, 0), mig=False):
@@ -18,7 +18,7 @@ GPUS = [gpu(0), gpu(1), gpu(2, 'Tesla T4', 15360, (7, 5)), gpu(3, 'Tesla P100-PC
 
 
 def test_a_plan_resolves_devices_replicas_by_model_and_limits():
-    plans = plan_resources([{'name': 'train', 'devices': [0, 1]},
+    plans = resolve_entries([{'name': 'train', 'devices': [0, 1]},
                             {'name': 'infer', 'devices': ['GPU-00000003'], 'replicas': {'NVIDIA H100*': 8, 'default': 2},
                              'pinned_device_mem_limit': '4G'}], GPUS)
     assert [p.name for p in plans] == ['train', 'infer']
@@ -29,7 +29,7 @@ def test_a_plan_resolves_devices_replicas_by_model_and_limits():
 
 
 def test_devices_default_to_every_gpu():
-    assert len(plan_resources([{'name': 'all'}], GPUS[:2])[0].devices) == 2
+    assert len(resolve_entries([{'name': 'all'}], GPUS[:2])[0].devices) == 2
 
 
 @pytest.mark.parametrize('resources, message', [
@@ -49,12 +49,12 @@ def test_devices_default_to_every_gpu():
 ])
 def test_one_bad_entry_refuses_the_whole_list_naming_entry_and_key(resources, message):
     with pytest.raises(MpsError, match=message):
-        plan_resources(resources, GPUS)
+        resolve_entries(resources, GPUS)
 
 
 def test_a_gpu_in_mig_mode_is_refused_naming_it():
     with pytest.raises(MpsError, match=r'resources\[a\]\.devices: MIG is enabled on GPU 1'):
-        plan_resources([{'name': 'a', 'devices': [1]}], [gpu(0), gpu(1, mig=True)])
+        resolve_entries([{'name': 'a', 'devices': [1]}], [gpu(0), gpu(1, mig=True)])
 
 
 def test_replicas_by_model_match_in_order_with_a_default():
@@ -66,7 +66,7 @@ def test_replicas_by_model_match_in_order_with_a_default():
 
 
 def test_local_facts_hold_nothing_that_changes_between_runs_and_render_as_to_nice_json():
-    plan = [p.as_dict() for p in plan_resources([{'name': 'train', 'devices': [0], 'replicas': 4}], GPUS)]
+    plan = [p.as_dict() for p in resolve_entries([{'name': 'train', 'devices': [0], 'replicas': 4}], GPUS)]
     daemons = [{'name': 'train', 'healthy': True, 'pid': 4242, 'env': {'CUDA_MPS_PIPE_DIRECTORY': '/r/train/pipe'},
                 'limits': {'persisted': {'active_thread_percentage': 25.0, 'pinned_device_mem_limit_mib': {'*': 20389}}}}]
     facts = local_facts(plan, daemons, [g.facts() for g in GPUS], '/r')
@@ -90,26 +90,26 @@ def test_local_facts_hold_nothing_that_changes_between_runs_and_render_as_to_nic
     ([{'name': 'a', 'multiuser': [True]}], r'^resources\[a\]\.multiuser: must be true or false; got \[True\]$'),
 ])
 def test_what_needs_no_gpu_is_refused_without_gpus(resources, message):
-    from ansible_collections.gpufleet.mps.plugins.module_utils._host.plan import check_resources
+    from ansible_collections.gpufleet.mps.plugins.module_utils._host.entries import check_resources
     with pytest.raises(MpsError, match=message):
         check_resources(resources)
 
 
 @pytest.mark.parametrize('value, expected', [(None, False), (True, True), ('yes', True), ('False', False), (0, False), ('on', True)])
 def test_multiuser_takes_ansible_booleans(value, expected):
-    from ansible_collections.gpufleet.mps.plugins.module_utils._host.plan import multiuser
+    from ansible_collections.gpufleet.mps.plugins.module_utils._host.entries import multiuser
     assert multiuser({'name': 'a', 'multiuser': value}, 'resources[a]') is expected
 
 
 def test_a_good_list_passes_without_gpus():
-    from ansible_collections.gpufleet.mps.plugins.module_utils._host.plan import check_resources
+    from ansible_collections.gpufleet.mps.plugins.module_utils._host.entries import check_resources
     check_resources([{'name': 'a', 'devices': [0, 'GPU-1'], 'replicas': {'NVIDIA*': 8, 'default': 60}, 'multiuser': True,
                       'pinned_device_mem_limit': {0: '20G'}, 'active_thread_percentage': 25}])
 
 
 def test_local_facts_name_the_pinned_limits_of_the_resources_own_gpus_only():
     """A replica count persists a limit for every GPU of the host; a scheduler reading the facts sees the daemon's."""
-    plan = [p.as_dict() for p in plan_resources([{'name': 'gpu1', 'devices': [1], 'replicas': 4}], GPUS)]
+    plan = [p.as_dict() for p in resolve_entries([{'name': 'gpu1', 'devices': [1], 'replicas': 4}], GPUS)]
     every = {gpu.uuid: gpu.memory_total_mib // 4 for gpu in GPUS}
     daemons = [{'name': 'gpu1', 'healthy': True,
                 'limits': {'persisted': {'active_thread_percentage': 25.0, 'pinned_device_mem_limit_mib': every}}}]
@@ -121,8 +121,8 @@ def test_local_facts_name_the_pinned_limits_of_the_resources_own_gpus_only():
 def test_a_plan_refuses_replicas_that_together_pin_more_than_the_gpu_unless_oversubscribe():
     entry = {'name': 'infer', 'devices': [2], 'replicas': 4, 'pinned_device_mem_limit': '4G'}  # a T4: 15360 MiB
     with pytest.raises(MpsError, match=r'^resources\[infer\]\.pinned_device_mem_limit: 4096 MiB for each of 4 replicas is 16384 MiB'):
-        plan_resources([entry], GPUS)
-    plans = plan_resources([dict(entry, oversubscribe='yes')], GPUS)
+        resolve_entries([entry], GPUS)
+    plans = resolve_entries([dict(entry, oversubscribe='yes')], GPUS)
     assert plans[0].oversubscribe and plans[0].limits['pinned_device_mem_limit'] == {'*': 4096}
     with pytest.raises(MpsError, match=r"^resources\[infer\]\.oversubscribe: must be true or false; got 'maybe'"):
         check_resources([dict(entry, oversubscribe='maybe')])

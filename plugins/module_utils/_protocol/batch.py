@@ -1,6 +1,6 @@
 # Copyright: gpufleet.mps contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""One read of a daemon's state, in one UI process: health and default limits, its servers, their limits.
+"""One control batch: a daemon's health and default limits, its servers and their limits, read in one UI process.
 
 mps_limits, mps_info (and so the role) ask the same batch and parse it the same way. Which of the
 daemon's children are servers is only known from ``get_server_list`` in the same batch, so each child
@@ -22,7 +22,7 @@ SERVER_STATES = ('INITIALIZING', 'ACTIVE', 'FAULT')
 
 
 @dataclass
-class ServerState:
+class ServerReadout:
     """One server as the daemon reported it; limits by device ordinal."""
 
     pid: int
@@ -38,7 +38,7 @@ class DaemonReadout:
 
     default_percentage: float
     default_mem: t.List[t.Optional[str]]
-    servers: t.List[ServerState] = field(default_factory=list)
+    servers: t.List[ServerReadout] = field(default_factory=list)
     # get_default_client_priority: 0 normal, 1 below normal; None when the daemon did not answer a priority (a binary
     # without client priority answers an error text, kept in priority_text)
     default_priority: t.Optional[int] = None
@@ -47,7 +47,7 @@ class DaemonReadout:
     lspart_text: t.Optional[str] = None
 
 
-def state_commands(ordinals: int, candidates: t.Sequence[int], partitions: bool = False) -> t.List[str]:
+def batch_commands(ordinals: int, candidates: t.Sequence[int], partitions: bool = False) -> t.List[str]:
     """Every read for one daemon: health and defaults, its server list, and each candidate server.
 
     Each candidate's percentage query comes last in its block, and the last block's is the last
@@ -80,8 +80,8 @@ def optional_percentage(reply: Reply) -> t.Optional[float]:
         return None
 
 
-def parse_state(replies: t.Sequence[Reply], ordinals: int, candidates: t.Sequence[int], partitions: bool = False) -> DaemonReadout:
-    """Turn the replies to :func:`state_commands` into a readout; only listed servers are reported.
+def parse_batch(replies: t.Sequence[Reply], ordinals: int, candidates: t.Sequence[int], partitions: bool = False) -> DaemonReadout:
+    """Turn the replies to :func:`batch_commands` into a readout; only listed servers are reported.
 
     The health answer and the server list must parse (else the binary or the daemon is broken: that
     raises); what a candidate that is no server answers is simply not reported.
@@ -92,7 +92,7 @@ def parse_state(replies: t.Sequence[Reply], ordinals: int, candidates: t.Sequenc
     default_mem = [mem_text(next(it)) for _ordinal in range(ordinals)]
     priority = next(it)
     lspart = next(it).text if partitions else None
-    asked: t.Dict[int, ServerState] = {}
+    asked: t.Dict[int, ServerReadout] = {}
     for pid in candidates:
         status = next(it)
         clients = next(it)
@@ -102,14 +102,14 @@ def parse_state(replies: t.Sequence[Reply], ordinals: int, candidates: t.Sequenc
             client_pids = parse_pids(clients)
         except MpsError:
             client_pids = []
-        asked[pid] = ServerState(pid, status.text if status.text in SERVER_STATES else None, client_pids, percentage, mem)
+        asked[pid] = ServerReadout(pid, status.text if status.text in SERVER_STATES else None, client_pids, percentage, mem)
     # A server that is not a child of the daemon (another pid namespace) is listed, not detailed.
-    return DaemonReadout(default_percentage, default_mem, [asked.get(pid) or ServerState(pid) for pid in listed],
+    return DaemonReadout(default_percentage, default_mem, [asked.get(pid) or ServerReadout(pid) for pid in listed],
                          parse_priority(priority), priority.text.strip(), lspart)
 
 
-def read_state(query: t.Callable[[t.List[str]], t.List[Reply]], ordinals: int, candidates: t.Sequence[int],
+def read_batch(query: t.Callable[[t.List[str]], t.List[Reply]], ordinals: int, candidates: t.Sequence[int],
                partitions: bool = False) -> DaemonReadout:
     """Ask a daemon with ``ordinals`` devices everything at once (``query`` runs one UI process); ``partitions``: and
     its SM partitions (``lspart``), for a daemon started with -S."""
-    return parse_state(query(state_commands(ordinals, candidates, partitions)), ordinals, candidates, partitions)
+    return parse_batch(query(batch_commands(ordinals, candidates, partitions)), ordinals, candidates, partitions)
