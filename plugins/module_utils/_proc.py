@@ -226,6 +226,12 @@ def control_daemons(proc: str = '/proc') -> t.List[ControlProcess]:
 
     A control daemon is a process named ``nvidia-cuda-mps`` whose arguments hold ``-d`` or ``-f``: the
     servers (``nvidia-cuda-mps-server``) and the control UI have the same comm but neither flag.
+
+    The environment is read before the arguments: a process that exits meanwhile - the parent of ``-d``, which exits
+    once its daemon is forked, or a daemon that quits - answers both with nothing once its memory is gone, and an empty
+    environment read from it would say "default pipe directory, every GPU" (a GPU wrongly refused as served by another
+    daemon). Read in this order, its arguments come back empty too and it is left out; a live daemon started with an
+    empty environment still has its arguments.
     """
     found = []
     try:
@@ -240,15 +246,16 @@ def control_daemons(proc: str = '/proc') -> t.List[ControlProcess]:
             with open(base + '/comm', encoding='utf-8', errors='replace') as handle:
                 if handle.read().strip() != MPS_COMM:
                     continue
+            environ = _environ_at(base)  # before the arguments: see above
             with open(base + '/cmdline', 'rb') as handle:
                 argv = [arg.decode('utf-8', 'replace') for arg in handle.read().split(b'\0') if arg]
         except OSError:
             continue  # gone meanwhile
         if not argv or os.path.basename(argv[0]).startswith('nvidia-cuda-mps-server') or not any(
                 arg in DAEMON_FLAGS for arg in argv[1:]):
-            continue
+            continue  # not a daemon, or gone (an exiting process's arguments read empty)
         pid = int(entry)
-        found.append(ControlProcess(pid, _environ_at(base), process_uid(pid, proc)))
+        found.append(ControlProcess(pid, environ, process_uid(pid, proc)))
     return sorted(found, key=lambda daemon: daemon.pid)
 
 

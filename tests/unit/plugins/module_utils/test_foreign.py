@@ -64,6 +64,27 @@ def test_control_daemons_are_told_from_servers_and_the_control_ui(tmp_path):
     assert found[1].visible_devices is None and found[2].environ is None
 
 
+def test_a_daemon_exiting_while_it_is_read_is_not_taken_for_one_on_the_default_pipe_serving_every_gpu(tmp_path, monkeypatch):
+    """The parent of ``-d`` exits once its daemon is forked: read after its memory is gone, its environment and its
+    arguments are empty. Its empty environment must not make it a daemon of /tmp/nvidia-mps serving every GPU (the
+    refusal seen in a 16-host benchmark and in the unit tests under two workers)."""
+    from ansible_collections.gpufleet.mps.plugins.module_utils import _proc  # pylint: disable=import-outside-toplevel
+    proc = tmp_path / 'proc'
+    _process(proc, 30, 'nvidia-cuda-mps', ['nvidia-cuda-mps-control', '-d'], {'CUDA_MPS_PIPE_DIRECTORY': '/a/pipe'})
+    _process(proc, 31, 'nvidia-cuda-mps', ['nvidia-cuda-mps-control', '-d'], {})  # alive, started with env -i
+    read = _proc._environ_at
+
+    def exits_while_read(base):
+        if base.endswith('/30'):
+            (proc / '30' / 'environ').write_bytes(b'')
+            (proc / '30' / 'cmdline').write_bytes(b'')  # the process is gone: both read empty from now on
+        return read(base)
+
+    monkeypatch.setattr(_proc, '_environ_at', exits_while_read)
+    assert [(daemon.pid, daemon.environ) for daemon in control_daemons(str(proc))] == [(31, {})]
+    assert foreign_daemons(None, GPUS, proc=str(proc))[0][0].uuids == [gpu.uuid for gpu in GPUS]  # the live one: every GPU
+
+
 def test_foreign_daemons_leave_out_the_own_one_by_pid_and_by_pipe_directory(tmp_path):
     proc = tmp_path / 'proc'
     _process(proc, 20, 'nvidia-cuda-mps', ['nvidia-cuda-mps-control', '-d'],
