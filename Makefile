@@ -115,9 +115,14 @@ DOCS_DEST ?= $(TEST_ROOT)/docsite
 docs: collection
 	hacking/build-docs.sh $(DOCS_DEST)
 
-# The benchmark in its smallest form, so it keeps working (bench/README.md; never judges wall-clock times).
+# The benchmark in its smallest form, so it keeps working (bench/README.md; never judges wall-clock times); then the
+# no-op's CPU per host against BENCH_BASELINE measured in the same run (bench/compare.py), so that a regression shows in
+# every run's output - a report: it fails only when a run fails. 4e9c7f4: main before issues 40-42.
+BENCH_BASELINE ?= 4e9c7f4
 bench-quick: collection simhost
 	$(OWN_HOST) $(VPY) bench/fleetbench.py --hosts 2 --reps 1 --out $(TEST_ROOT)/bench-quick --sim-base $(TEST_ROOT)
+	rm -rf $(TEST_ROOT)/bench-compare
+	$(VPY) bench/compare.py --baseline $(BENCH_BASELINE) --hosts 2 --pairs 1 --reps 1 --out $(TEST_ROOT)/bench-compare
 
 # The fleet role over SSH to an sshd of the test's own on 127.0.0.1, as fleets are reached (openssh-server: make deps).
 ssh: collection simhost deps
