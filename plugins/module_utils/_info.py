@@ -143,7 +143,7 @@ class Collector:
         client = ControlClient(self.request.control_binary, paths.pipe_dir, timeout=self.request.timeout, log_dir=paths.log_dir)
         try:
             try:
-                readout = read_daemon(view, paths.name, client.batch, ordinals, seen.liveness.pid, static,
+                readout = read_daemon(view, paths.name, client.batch, ordinals, seen.liveness.pid, partitions=static,
                                       servers='servers' in self.request.gather)
             finally:
                 self.ui_processes += client.processes

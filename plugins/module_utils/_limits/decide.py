@@ -58,7 +58,7 @@ class LimitsDecision:
     after: t.Dict[str, t.Any] = field(default_factory=dict)
 
 
-def decide_limits(wanted: Limits, uuids: t.Sequence[str], seen: LimitsSeen, exact: bool, running_servers: str,
+def decide_limits(wanted: Limits, uuids: t.Sequence[str], seen: LimitsSeen, *, exact: bool, running_servers: str,
                   name: str) -> LimitsDecision:
     """The commands that bring the daemon of ``name`` (on ``uuids``, in its ordinal order) to ``wanted``.
 

@@ -144,7 +144,7 @@ class LimitsManager:
             raise MpsError(missing.msg, **missing.details)
         if scope.running and scope.pid and self.daemon is not None:
             if self.paths.name not in view.readouts or view.readouts[self.paths.name][0] != (len(scope.gpus), scope.pid):
-                read_daemon(view, self.paths.name, self.daemon.query, len(scope.gpus), scope.pid, static_running(view, scope))
+                read_daemon(view, self.paths.name, self.daemon.query, len(scope.gpus), scope.pid, partitions=static_running(view, scope))
             self.daemon.answered = True
             if self.sm_partitions and not static_running(view, scope) and prober is not None:
                 read_help(view, prober, SM_PARTITION)  # a daemon without -S cannot say: its binary's help can
@@ -274,7 +274,7 @@ class LimitsManager:
             seen = LimitsSeen(persisted)
         check_priority_offered(view, self.paths.name, self.prober or self.daemon, wanted, seen)
         uuids = [gpu.uuid for gpu in scope.gpus]
-        decision = decide_limits(wanted, uuids, seen, self.exact, running_servers, self.paths.name)
+        decision = decide_limits(wanted, uuids, seen, exact=self.exact, running_servers=running_servers, name=self.paths.name)
         partitions = plan_partitions(view, self.paths.name, wanted, persisted, uuids, readout, running=running,
                                      static=running and static_running(view, scope), exact=self.exact,
                                      prober=self.prober or self.daemon)

@@ -29,7 +29,7 @@ from .._resource.store import STATIC_ARGS_ENV, STATIC_OPTION, start_environment
 from .model import Limits
 
 
-def start_env_text(commands: t.Sequence[str], static: bool = False) -> str:
+def start_env_text(commands: t.Sequence[str], *, static: bool = False) -> str:
     """The start environment file of a daemon that replays ``commands`` (``static``: started with -S whatever they hold)."""
     env = start_environment(commands)
     if static:
@@ -71,12 +71,12 @@ def rendered(config: ConfigPaths, limits: t.Optional[Limits], device_uuids: t.Op
     start environment needs no order."""
     if device_uuids is None:
         cmds = limits.commands([]) if limits else []
-        return [(config.limits_file, ''), (config.limits_env, start_env_text(cmds, bool(limits and limits.sm_partitions)))]
+        return [(config.limits_file, ''), (config.limits_env, start_env_text(cmds, static=bool(limits and limits.sm_partitions)))]
     cmds = limits.commands(device_uuids) if limits else []
     return [(config.limits_file, ''.join(cmd + '\n' for cmd in cmds)), (config.limits_env, start_env_text(cmds))]
 
 
-def write_replay(config: ConfigPaths, limits: t.Optional[Limits], device_uuids: t.Optional[t.Sequence[str]], check_mode: bool,
+def write_replay(config: ConfigPaths, limits: t.Optional[Limits], device_uuids: t.Optional[t.Sequence[str]], *, check_mode: bool,
                  reader: t.Optional[Reader] = None) -> bool:
     """(Re)write the files :func:`rendered` from the record, each removed when empty; True when one changed (or would)."""
     changed = False
@@ -100,7 +100,7 @@ def _write_or_remove(path: str, text: str, check_mode: bool, reader: t.Optional[
     return True
 
 
-def persist(config: ConfigPaths, limits: Limits, check_mode: bool, reader: t.Optional[Reader] = None) -> bool:
+def persist(config: ConfigPaths, limits: Limits, *, check_mode: bool, reader: t.Optional[Reader] = None) -> bool:
     """Write the wanted limits (JSON); True when the file changed (or would)."""
     text = limits.to_json()
     if (reader or read_text)(config.limits_json) == text:

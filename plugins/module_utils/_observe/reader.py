@@ -144,7 +144,7 @@ def _resource_view(view: HostView, paths: ResourcePaths, locks: t.Optional[t.Lis
 
 
 # --- probes: what only some runs need, read before the view is sealed ---------------------------------------------
-def read_daemon(view: HostView, name: str, query: t.Callable[[t.List[str]], t.Any], ordinals: int, pid: int,
+def read_daemon(view: HostView, name: str, query: t.Callable[[t.List[str]], t.Any], ordinals: int, pid: int, *,
                 partitions: bool = False, servers: bool = True) -> t.Any:
     """A running daemon of resource ``name`` in one control batch: its defaults for ``ordinals`` devices, its servers with
     their limits and clients (``servers``: every child asked about; else the server list alone), its SM partitions

@@ -75,7 +75,7 @@ TABLE = [
 @pytest.mark.parametrize('wanted, seen, exact, running_servers, commands, pending, restart, warns',
                          [row[1:] for row in TABLE], ids=[row[0] for row in TABLE])
 def test_decide_limits_table(wanted, seen, exact, running_servers, commands, pending, restart, warns):
-    decision = decide_limits(wanted, [U0, U1], seen, exact, running_servers, 'train')
+    decision = decide_limits(wanted, [U0, U1], seen, exact=exact, running_servers=running_servers, name='train')
     assert decision.commands == commands
     assert [server.pid for server in decision.pending] == pending
     assert bool(decision.restart_reasons) == restart
@@ -84,7 +84,7 @@ def test_decide_limits_table(wanted, seen, exact, running_servers, commands, pen
 
 def test_the_diff_shows_values_as_the_daemon_reports_them():
     seen = LimitsSeen(_limits(30, u0=10240), True, 30.0, {0: '10G', 1: ''})
-    decision = decide_limits(_limits(30, u0=10240), [U0, U1], seen, True, 'ignore', 'train')
+    decision = decide_limits(_limits(30, u0=10240), [U0, U1], seen, exact=True, running_servers='ignore', name='train')
     assert decision.before == decision.after == {'active_thread_percentage': 30.0,
                                                  'pinned_device_mem_limit': {'0': '10G', '1': None}}
 
@@ -134,10 +134,10 @@ def test_deciding_again_after_the_commands_yields_no_command(seed):
                       {o: rng.choice(['', '2G', '512M']) for o in range(len(uuids))},
                       tuple(ServerLimits(pid, rng.choice([None, 100.0, 25.0]), {o: rng.choice([None, '1G']) for o in range(len(uuids))})
                             for pid in range(rng.randint(0, 2))))
-    first = decide_limits(wanted, uuids, seen, exact, running_servers, 'train')
+    first = decide_limits(wanted, uuids, seen, exact=exact, running_servers=running_servers, name='train')
     pct, mem, servers = _after(seen, first.commands, uuids)
     # The run persists ``wanted`` as it applies it; the next run observes that and the daemon's new answers.
-    again = decide_limits(wanted, uuids, LimitsSeen(wanted, True, pct, mem, servers), exact, running_servers, 'train')
+    again = decide_limits(wanted, uuids, LimitsSeen(wanted, True, pct, mem, servers), exact=exact, running_servers=running_servers, name='train')
     assert again.commands == [], (seed, first.commands)
     assert [server.pid for server in again.pending] == [server.pid for server in first.pending]
     assert again.restart_reasons == [] or not exact or any(wanted.mem_for(uuid) is None for uuid in uuids)
@@ -145,7 +145,7 @@ def test_deciding_again_after_the_commands_yields_no_command(seed):
 
 def test_the_priority_appears_in_before_and_after_only_where_managed():
     seen = LimitsSeen(Limits(None, {}, None, 1), True, 100.0, {0: '', 1: ''}, (), 1)
-    decision = decide_limits(Limits(), [U0, U1], seen, True, 'ignore', 'train')
+    decision = decide_limits(Limits(), [U0, U1], seen, exact=True, running_servers='ignore', name='train')
     assert decision.before['client_priority'] == 'below_normal' and decision.after['client_priority'] == 'normal'
-    plain = decide_limits(Limits(25.0), [U0, U1], LimitsSeen(None, True, 25.0, {0: '', 1: ''}, (), 0), True, 'ignore', 'train')
+    plain = decide_limits(Limits(25.0), [U0, U1], LimitsSeen(None, True, 25.0, {0: '', 1: ''}, (), 0), exact=True, running_servers='ignore', name='train')
     assert 'client_priority' not in plain.before and 'client_priority' not in plain.after
