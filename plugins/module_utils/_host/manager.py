@@ -112,7 +112,9 @@ class HostManager:
         self.around = Around(params, self.root, self.config_dir, unit_dir, self.systemctl)
         # The run's one view of the host (_observe.view.HostView), read by observe() under the host lock, then sealed.
         self.view: t.Optional[HostView] = None
-        self.shm = shm_manager(params, self.root, unit_dir, check_mode=check_mode)  # _shm.ShmManager, or None
+        # The shared tmpfs's manager (_shm.ShmManager, or None), made by observe(): after the entries are validated and
+        # under the host lock, so that its refusals (shm_persist, selinux_type) come after the entries' as they always did.
+        self.shm: t.Optional[t.Any] = None
         # What the plan found worth saying without refusing (devices: all leaving out GPUs in MIG mode).
         self.plan_warnings: t.List[str] = []
 
@@ -218,6 +220,7 @@ class HostManager:
     def observe(self, listed: t.List[_Resource]) -> t.List[_Resource]:
         """The host read once (:func:`.observe.observe`) into the sealed view every decision reads; the resources the
         view shows to be removed."""
+        self.shm = shm_manager(self.params, self.root, self.unit_dir, check_mode=self.check_mode)
         self.view, removed = observe(self, listed)
         return removed
 

@@ -141,3 +141,14 @@ def test_mps_limits_record_is_the_option_persist_was_and_the_old_name_is_depreca
     old = host.module('mps_limits', name='train', active_thread_percentage=30, persist=False)
     assert old['applied'] and not old['persisted']
     assert 'persist' in str(old['deprecations'])
+
+
+def test_a_bad_entry_is_named_before_a_shm_option_this_host_cannot_honour(host):
+    """The entries are checked first, then the options of the shared tmpfs (under the host lock): a run with both wrong
+    names the entry, as it always did (a refactor had moved the tmpfs's checks first)."""
+    result = host.run([{'name': 'train', 'devices': [0], 'active_thread_percentage': 150}], shm=True, shm_persist='systemd')
+    refused(result, 'resources[train].active_thread_percentage')
+    assert created(host) == []
+    result = host.run(TRAIN, shm=True, shm_persist='systemd')
+    refused(result, 'shm_persist', 'systemd was asked for')
+    assert created(host) == []
