@@ -18,16 +18,17 @@ VARIABLES = ('mps_resources',) + UNIT_LISTS
 
 
 def mps_check(value: t.Any, variable: str = 'mps_resources') -> t.Any:
-    """``value`` itself, or a refusal naming ``variable`` of what needs no GPU facts: for the resource list its keys,
-    names, limit values and replica counts; for a unit order, that it is a list of systemd unit names."""
+    """A refusal naming ``variable`` of what needs no GPU facts - for the resource list its keys, names, limit values
+    and replica counts; for a unit order, that it is a list of systemd unit names - or else the resource list itself,
+    or the unit order as the list of its names (empty for none)."""
     if variable not in VARIABLES:
         raise AnsibleFilterError('mps_check: variable must be one of %s, got %r' % (', '.join(VARIABLES), variable))
     try:
         if variable in UNIT_LISTS:
-            # A string is a comma-separated list, as Ansible's own list type reads one (-e mps_unit_before=slurmd.service).
-            validate_units([item.strip() for item in value.split(',')] if isinstance(value, str) else value, variable)
-        else:
-            check_resources(value, variable)
+            # A string is a comma-separated list, split exactly as the module's list type splits it (no stripping: a
+            # space after a comma is refused here as it would be there, on the host).
+            return list(validate_units(value.split(',') if isinstance(value, str) else value, variable))
+        check_resources(value, variable)
     except MpsError as exc:
         raise AnsibleFilterError(exc.msg) from exc
     return value

@@ -51,8 +51,7 @@ class DaemonManager:
                  unit_after: t.Sequence[str] = ()) -> None:
         host = host or HostContext()
         self.run = run = DaemonRun(paths, config, daemon, nvml, supervisor, check_mode, systemctl, nvidia_smi, unit_dir, host,
-                                   busy, busy_timeout, selinux_type, tuple(unit_before), tuple(unit_after),
-                                   planned=Planned(would_remove=host.would_remove))
+                                   busy, busy_timeout, selinux_type, tuple(unit_before), tuple(unit_after))
         self.unit_files = UnitFiles(run)
         self.devices = DeviceChoice(run)
         self.clients = BusyClients(run)

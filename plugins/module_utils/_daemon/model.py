@@ -9,6 +9,7 @@ import typing as t
 from dataclasses import dataclass, field
 
 from .._errors import MpsError
+from .._options import DEFAULT_BUSY_TIMEOUT
 from .._gpus import Gpu
 from .._outcome import Outcome
 from .._resource.layout import ConfigPaths, ResourcePaths
@@ -134,7 +135,7 @@ class DaemonRun:
     host: HostContext = field(default_factory=HostContext)
     # What to do about clients connected to a daemon that must stop (a restart, a stop, absent).
     busy: str = 'refuse'
-    busy_timeout: int = 0
+    busy_timeout: int = DEFAULT_BUSY_TIMEOUT
     # The SELinux type of the pipe directory ('' leaves labels alone).
     selinux_type: str = ''
     # Units the daemon's unit is ordered before and after (supervisor=systemd).
@@ -142,7 +143,12 @@ class DaemonRun:
     unit_after: t.Tuple[str, ...] = ()
     # The resource's lock file was made by this run's own lock (mps_daemon): no change of the host.
     own_lock: bool = False
-    planned: Planned = field(default_factory=Planned)
+    # Made anew by each plan; until then, one that shares the host plan's list of removals (HostContext.would_remove).
+    planned: t.Optional[Planned] = None
+
+    def __post_init__(self) -> None:
+        if self.planned is None:
+            self.planned = Planned(would_remove=self.host.would_remove)
 
     @property
     def unit(self) -> str:

@@ -132,7 +132,7 @@ class Around:
         return [path for path in (p.get('slurm_task_prolog'), p.get('slurm_gres_conf')) if path]
 
     def wants(self) -> Wants:
-        """Every path this entries from: the files it compares with what it would write, the directories it checks."""
+        """Every path this plans from: the files it compares with what it would write, the directories it checks."""
         p = self.params
         wants = Wants().add(files=list(self._health_files()) + [self._drop_in(), self._fact()] + self._slurm_files(),
                             dirs=[p['logrotate_dir'], p.get('metrics_dir') or None],

@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The whole MPS state of one host in one run: observe, decide one list of changes, execute exactly that list.
 
-Validation (:func:`..plan.resolve_entries` and every resource's options) raises before anything is read from the
+Validation (:func:`.entries.resolve_entries` and every resource's options) raises before anything is read from the
 daemons or changed. Then, under the host lock (the root's ``flock``: one run at a time, a bounded wait), the run
 plans every change of the host into one ordered list - the same list in check mode and in a real run, by
 construction: check mode returns it, a real run executes it, change by change, and reports each change only after

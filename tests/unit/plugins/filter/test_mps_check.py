@@ -20,8 +20,10 @@ def test_a_resource_list_is_returned_unchanged_and_a_bad_one_names_mps_resources
 @pytest.mark.parametrize('variable', ['mps_unit_before', 'mps_unit_after'])
 def test_a_unit_order_is_a_list_of_unit_names_and_a_wrong_shape_names_the_variable(variable):
     assert mps_check(['slurmd.service'], variable) == ['slurmd.service']
-    assert mps_check([], variable) == []
-    assert mps_check('slurmd.service, kubelet.service', variable) == 'slurmd.service, kubelet.service'  # as Ansible's list reads it
+    assert mps_check([], variable) == [] and mps_check(None, variable) == []
+    assert mps_check('slurmd.service,kubelet.service', variable) == ['slurmd.service', 'kubelet.service']  # as the module splits it
+    with pytest.raises(AnsibleFilterError, match=r"^%s: ' kubelet.service' is not a systemd unit name" % variable):
+        mps_check('slurmd.service, kubelet.service', variable)  # the module would refuse the space on the host
     with pytest.raises(AnsibleFilterError) as refused:
         mps_check({'slurmd.service': True}, variable)
     assert str(refused.value).startswith(variable + ': must be a list of systemd unit names')

@@ -286,3 +286,16 @@ def test_a_unit_order_is_refused_before_anything_where_it_cannot_apply(tmp_path,
     with pytest.raises(InvalidParameterError, match=message):
         DaemonSetup.from_params(values, lambda _binary: '/bin/true')
     assert not os.path.exists(str(tmp_path / 'root')) and not os.path.exists(str(tmp_path / 'etc'))
+
+
+def test_a_daemon_run_shares_the_host_plans_removals_and_waits_as_long_as_busy_timeout_says(tmp_path):
+    """What a DaemonRun holds before any plan: the host plan's one list of removals (a directory emptied by several
+    resources counts as empty), and the documented busy_timeout - never 0, which would give up a busy=wait at once."""
+    from ansible_collections.gpufleet.mps.plugins.module_utils._daemon.model import DaemonRun, HostContext  # pylint: disable=import-outside-toplevel
+    from ansible_collections.gpufleet.mps.plugins.module_utils._options import DEFAULT_BUSY_TIMEOUT  # pylint: disable=import-outside-toplevel
+    host = HostContext()
+    runs = [DaemonRun(resource_paths(str(tmp_path / 'root'), name), config_paths(str(tmp_path / 'etc'), name), None, None, 'none',
+                      False, host=host) for name in ('train', 'infer')]
+    runs[0].planned.would_remove.append('/x')
+    assert runs[1].planned.would_remove is host.would_remove and host.would_remove == ['/x']
+    assert runs[0].busy_timeout == DEFAULT_BUSY_TIMEOUT > 0
