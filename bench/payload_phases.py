@@ -19,8 +19,14 @@ usage:
   payload_phases.py build --out FILE 'ARGS_JSON'   write an AnsiballZ file for mps_host with these module args
                                                      (ansible-playbook with ANSIBLE_KEEP_REMOTE_FILES; needs the
                                                      collection on ANSIBLE_COLLECTIONS_PATH)
-  payload_phases.py run FILE                        run it once, timed (PHASES json on stderr, the result on stdout)
-  payload_phases.py report FILE [--reps N]          run it N times as fresh processes (default 5): medians, JSON
+  payload_phases.py run FILE [--pyc DIR]            run it once, timed (PHASES json on stderr, the result on stdout)
+  payload_phases.py report FILE [--reps N] [--pyc DIR]
+                                                    run it N times as fresh processes (default 5): medians, JSON
+
+``--pyc DIR`` measures what a bytecode cache would save before one is built into the modules (issue 42): a finder put
+in front of the payload's zip serves each module's code object from DIR, keyed by the SHA-256 of its source and the
+interpreter's magic number, compiling and storing it on a miss; ``load_cached`` is the time spent reading and
+unmarshalling. A bench-only spike: nothing of it ships.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import typing as t
 
 STARTED = time.perf_counter()
 COLLECTION = 'ansible_collections/gpufleet/'
@@ -59,9 +66,81 @@ def build(out: str, args: str) -> None:
     print(out)
 
 
-def run(path: str) -> None:
+class _CachedLoader:
+    """A payload module's loader that takes its code object from the cache directory (stores it on a miss)."""
+
+    def __init__(self, real, fullname, cache, phases):
+        self.real, self.fullname, self.cache, self.phases = real, fullname, cache, phases
+
+    def create_module(self, spec):  # pylint: disable=unused-argument
+        return None
+
+    def exec_module(self, module):
+        import hashlib  # pylint: disable=import-outside-toplevel
+        import importlib.util  # pylint: disable=import-outside-toplevel
+        import marshal  # pylint: disable=import-outside-toplevel
+        source = self.real.get_source(self.fullname)
+        key = hashlib.sha256(importlib.util.MAGIC_NUMBER + source.encode('utf-8')).hexdigest()
+        entry = os.path.join(self.cache, key)
+        began = time.perf_counter()
+        try:
+            with open(entry, 'rb') as handle:
+                code = marshal.loads(handle.read())
+            self.phases['load_cached'] += time.perf_counter() - began
+        except OSError:
+            code = compile(source, module.__file__, 'exec', dont_inherit=True)
+            with open(entry + '.tmp', 'wb') as handle:
+                handle.write(marshal.dumps(code))
+            os.replace(entry + '.tmp', entry)
+        exec(code, module.__dict__)  # pylint: disable=exec-used
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+def _install_cache(cache: str, phases: dict) -> t.Any:
+    """A finder in front of the payload's zip. Python 3.11's zipimporter compiles a module's source as soon as its spec
+    is asked for (find_spec -> get_filename -> _get_module_code), so the spec is built here, from the zip's listing,
+    and the zipimporter is only asked for the source."""
+    import importlib.machinery  # pylint: disable=import-outside-toplevel
+    import zipimport  # pylint: disable=import-outside-toplevel
+    importers: dict = {}
+
+    class Finder:  # pylint: disable=too-few-public-methods
+        @staticmethod
+        def find_spec(fullname, path=None, target=None):  # pylint: disable=unused-argument
+            if not fullname.startswith(('ansible.', 'ansible_collections.')):
+                return None
+            payload = next((entry for entry in sys.path if entry.endswith('_payload.zip')), None)
+            if payload is None:
+                return None
+            # a zipimporter answers for one directory of the zip, by a name's last component
+            where = os.path.join(payload, fullname.rpartition('.')[0].replace('.', '/'))
+            try:
+                if where not in importers:
+                    importers[where] = zipimport.zipimporter(where)
+                real = importers[where]
+                package = real.is_package(fullname)
+            except zipimport.ZipImportError:
+                return None  # not a file of the payload (a namespace package): the normal machinery finds it
+            relative = fullname.replace('.', '/') + ('/__init__.py' if package else '.py')
+            spec = importlib.machinery.ModuleSpec(fullname, _CachedLoader(real, fullname, cache, phases),
+                                                  origin=os.path.join(payload, relative), is_package=package)
+            if package:
+                spec.submodule_search_locations = [os.path.join(payload, fullname.replace('.', '/'))]
+            spec.has_location = True
+            return spec
+
+    os.makedirs(cache, mode=0o700, exist_ok=True)
+    finder = Finder()
+    sys.meta_path.insert(0, finder)
+    return finder
+
+
+def run(path: str, cache: str = '') -> None:
     """Run the AnsiballZ file in this process, as ``python FILE`` would, with the timers below."""
     phases = dict.fromkeys(PHASES, 0.0)
+    phases['load_cached'] = 0.0
     compiled = {'ansible': 0.0, 'collection': 0.0}
     imported = {'ansible': 0.0, 'collection': 0.0}
     first_import = [None]
@@ -69,6 +148,7 @@ def run(path: str) -> None:
     real_import = builtins.__import__
     depth = [0]
     patched = [False]
+    finder = [None]
 
     def timed_compile(source, filename, *args, **kwargs):
         began = time.perf_counter()
@@ -117,6 +197,10 @@ def run(path: str) -> None:
         target = name if not level else package + '.' + name
         owner = 'collection' if target.startswith('ansible_collections.gpufleet') or package.startswith(
             'ansible_collections.gpufleet') else 'ansible' if target.startswith('ansible') else None
+        if finder[0] is not None and sys.meta_path[0] is not finder[0]:
+            # AnsiballZ's loader puts finders of its own first: the cache's goes back in front of them
+            sys.meta_path.remove(finder[0])
+            sys.meta_path.insert(0, finder[0])
         if owner is None or depth[0]:
             return real_import(name, globals_, locals_, fromlist, level)
         if first_import[0] is None:
@@ -135,14 +219,18 @@ def run(path: str) -> None:
         phases['ansiballz'] = (first_import[0] or STARTED) - STARTED
         phases['compile_ansible'] = compiled['ansible']
         phases['compile_collection'] = compiled['collection']
-        phases['exec_ansible'] = max(imported['ansible'] - compiled['ansible'], 0.0)
-        phases['exec_collection'] = max(imported['collection'] - compiled['collection'], 0.0)
+        # what a cache served is neither compiled nor run at import: counted apart (load_cached), out of both
+        cached_share = phases['load_cached'] * imported['collection'] / max(imported['collection'] + imported['ansible'], 1e-9)
+        phases['exec_ansible'] = max(imported['ansible'] - compiled['ansible'] - (phases['load_cached'] - cached_share), 0.0)
+        phases['exec_collection'] = max(imported['collection'] - compiled['collection'] - cached_share, 0.0)
         phases['total'] = total
-        phases['rest'] = total - sum(phases[key] for key in PHASES if key not in ('ui', 'rest'))
+        phases['rest'] = total - sum(phases[key] for key in PHASES if key not in ('ui', 'rest')) - phases['load_cached']
         sys.stderr.write('PHASES ' + json.dumps(phases) + '\n')
 
     builtins.compile = timed_compile
     builtins.__import__ = timed_import
+    if cache:
+        finder[0] = _install_cache(cache, phases)
     sys.argv = [path]
     import runpy  # pylint: disable=import-outside-toplevel
     try:
@@ -153,7 +241,7 @@ def run(path: str) -> None:
         report()
 
 
-def report_runs(path: str, reps: int) -> None:
+def report_runs(path: str, reps: int, cache: str = '') -> None:
     """``reps`` fresh processes of ``run``, and ``python -c pass`` as many times: the medians, one JSON document."""
     samples = []
     interpreter = []
@@ -161,7 +249,8 @@ def report_runs(path: str, reps: int) -> None:
         began = time.perf_counter()
         subprocess.run([sys.executable, '-c', 'pass'], check=True)
         interpreter.append(time.perf_counter() - began)
-        done = subprocess.run([sys.executable, os.path.abspath(__file__), 'run', path], capture_output=True, text=True, check=False)
+        done = subprocess.run([sys.executable, os.path.abspath(__file__), 'run', path] + (['--pyc', cache] if cache else []),
+                              capture_output=True, text=True, check=False)
         line = next((line for line in done.stderr.splitlines() if line.startswith('PHASES ')), None)
         if line is None:
             sys.exit('payload_phases.py: the run reported no phases (exit %d):\n%s' % (done.returncode, done.stderr[-2000:]))
@@ -172,13 +261,19 @@ def report_runs(path: str, reps: int) -> None:
 
 
 def main() -> None:
-    if len(sys.argv) >= 4 and sys.argv[1] == 'build' and sys.argv[2] == '--out':
-        build(sys.argv[3], sys.argv[4] if len(sys.argv) > 4 else '{}')
-    elif len(sys.argv) == 3 and sys.argv[1] == 'run':
-        run(sys.argv[2])
-    elif len(sys.argv) >= 3 and sys.argv[1] == 'report':
-        reps = int(sys.argv[4]) if len(sys.argv) > 4 and sys.argv[3] == '--reps' else 5
-        report_runs(sys.argv[2], reps)
+    argv = sys.argv[1:]
+    cache = ''
+    if '--pyc' in argv:
+        at = argv.index('--pyc')
+        cache = os.path.abspath(argv[at + 1])
+        del argv[at:at + 2]
+    if len(argv) >= 3 and argv[0] == 'build' and argv[1] == '--out':
+        build(argv[2], argv[3] if len(argv) > 3 else '{}')
+    elif len(argv) == 2 and argv[0] == 'run':
+        run(argv[1], cache)
+    elif len(argv) >= 2 and argv[0] == 'report':
+        reps = int(argv[3]) if len(argv) > 3 and argv[2] == '--reps' else 5
+        report_runs(argv[1], reps, cache)
     else:
         sys.exit(__doc__)
 

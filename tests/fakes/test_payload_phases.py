@@ -36,6 +36,8 @@ def test_a_no_op_from_the_real_payload_is_split_into_its_phases(tmp_path):
                               text=True, check=True, cwd=tmp_path)
         result = subprocess.run([sys.executable, script, 'run', str(payload)], env=env, capture_output=True, text=True,
                                 check=False, cwd=tmp_path)
+        cached = subprocess.run([sys.executable, script, 'report', str(payload), '--reps', '2', '--pyc', str(tmp_path / 'pyc')],
+                                env=env, capture_output=True, text=True, check=True, cwd=tmp_path)
     finally:
         subprocess.run([sys.executable, str(REPO / 'hacking' / 'leftovers.py'), '--kill', str(tmp_path)], check=False,
                        capture_output=True)
@@ -47,3 +49,8 @@ def test_a_no_op_from_the_real_payload_is_split_into_its_phases(tmp_path):
     # the timed phases do not overlap: what is left of each run's total is never negative
     assert all(sample['rest'] >= 0 for sample in report['samples']), report['samples']
     assert json.loads(result.stdout)['changed'] is False, result.stdout
+    # the bytecode-cache spike: the first run fills the cache, then almost nothing of the payload is compiled
+    served = json.loads(cached.stdout)['samples'][-1]
+    assert served['load_cached'] > 0 and os.listdir(tmp_path / 'pyc')
+    assert served['compile_collection'] < 0.2 * medians['compile_collection'], (served, medians)
+    assert served['compile_ansible'] < 0.2 * medians['compile_ansible'], (served, medians)
