@@ -112,7 +112,7 @@ def report(table: t.Dict[int, t.Dict[str, t.Any]], trees: t.Mapping[str, t.Tuple
 
 
 def main(argv: t.Optional[t.List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n', maxsplit=1)[0])
     parser.add_argument('--baseline', required=True, help='the earlier commit to measure against (any git revision)')
     parser.add_argument('--out', required=True, help='directory for the runs (created)')
     parser.add_argument('--hosts', default='4', help='fleet size(s), comma separated (default 4)')
@@ -146,7 +146,7 @@ def main(argv: t.Optional[t.List[str]] = None) -> int:
         if args.json:
             with open(args.json, 'w', encoding='utf-8') as handle:
                 json.dump({'what': 'compare.py --baseline %s --hosts %s --pairs %d --reps %d' % (
-                    args.baseline, args.hosts, args.pairs, args.reps), 'trees': {side: label for side, (label, _) in trees.items()},
+                    args.baseline, args.hosts, args.pairs, args.reps), 'trees': {side: tree[0] for side, tree in trees.items()},
                     'table': {str(hosts): row for hosts, row in table.items()}, 'runs': runs}, handle, indent=1, sort_keys=True)
         return 0
     except (RuntimeError, subprocess.CalledProcessError) as exc:

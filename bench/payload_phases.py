@@ -57,7 +57,7 @@ def build(out: str, args: str) -> None:
     env = dict(os.environ, ANSIBLE_KEEP_REMOTE_FILES='1', ANSIBLE_REMOTE_TMP=os.path.join(work, 'remote'))
     done = subprocess.run(['ansible-playbook', '-i', 'localhost,', '-c', 'local', '-e', 'ansible_python_interpreter=' + sys.executable,
                            play], env=env, capture_output=True, text=True, check=False)
-    found = [os.path.join(top, name) for top, _, names in os.walk(os.path.join(work, 'remote')) for name in names
+    found = [os.path.join(top, name) for top, _dirs, names in os.walk(os.path.join(work, 'remote')) for name in names
              if name == 'AnsiballZ_mps_host.py']
     if not found:
         sys.exit('payload_phases.py: no AnsiballZ_mps_host.py kept (ansible-playbook exit %d):\n%s' % (done.returncode, done.stdout[-2000:]))
@@ -245,7 +245,7 @@ def report_runs(path: str, reps: int, cache: str = '') -> None:
     """``reps`` fresh processes of ``run``, and ``python -c pass`` as many times: the medians, one JSON document."""
     samples = []
     interpreter = []
-    for _ in range(reps):
+    for _rep in range(reps):
         began = time.perf_counter()
         subprocess.run([sys.executable, '-c', 'pass'], check=True)
         interpreter.append(time.perf_counter() - began)
