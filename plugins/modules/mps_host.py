@@ -36,6 +36,12 @@ description:
     and M(gpufleet.mps.mps_limits) are the per-resource building blocks on the same code.
   - A host without a usable NVIDIA GPU (no driver, or NVML reports none) is left alone with RV(managed=false) and a
     warning that says why, unless O(require_gpu). An interpreter without nvidia-ml-py always fails.
+  - The collection's code is compiled once per host, not on every run - AnsiballZ sends it as source each time. The
+    compiled code is kept in C(<root>/.bytecode/) (a directory of root, mode 0700; entries keyed by the SHA-256 of their
+    source and the interpreter's magic number, each holding the hash of its code), written by a run that is neither in
+    check mode nor O(state=absent) once the root exists, and removed by O(state=absent). A directory of another owner or
+    mode, or a link, is not used (a warning says why); an altered or stale entry is compiled again from the source. It
+    changes nothing of what the module does, and writing it is not a change (C(changed)).
 attributes:
   check_mode:
     description: Plans every resource, reports the actions and the diff, changes nothing.
@@ -363,6 +369,9 @@ changes:
 
 import sys
 
+# First of the module_utils: importing it installs the host's bytecode cache, so that the others' code is not compiled
+# from the payload on every run.
+from ansible_collections.gpufleet.mps.plugins.module_utils._bytecode import STATUS as BYTECODE
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import MpsError, NvmlError
 from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import ENUMERATION_WARNING, Nvml
 from ansible_collections.gpufleet.mps.plugins.module_utils._host.manager import HostManager
@@ -436,6 +445,9 @@ def run(module):
         nvml.__exit__(None, None, None)
     for warning in outcome.warnings:
         module.warn(warning)
+    if BYTECODE['refused']:
+        module.warn('the bytecode cache was not used: %s; the module compiled its source as it does without one (remove '
+                    'the directory, and the next run makes it anew)' % BYTECODE['refused'])
     changed = [res['name'] for res in outcome.resources if res['changed']]
     result.update(
         changed=outcome.changed, managed=True, resources=outcome.resources, removed=outcome.removed, ready=outcome.ready,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import typing as t
 
+from .._bytecode import CACHE_DIR as BYTECODE_DIR
 from .._io import remove, rmdir_if_empty
 from .._observe.scan import scan_config, scan_resources
 from .._outcome import Outcome
@@ -81,8 +82,9 @@ class Absent:
     def _name_foreign(self, out: Outcome) -> None:
         """Warn about what absent kept because this collection did not create it (never removed, never silent).
 
-        Another resource's directory or files, the logs kept without ``remove_logs``, ``<root>/shm`` (mps_shm's)
-        and ``<root>/.ready`` (the fleet role's) belong to the collection and are not named.
+        Another resource's directory or files, the logs kept without ``remove_logs``, ``<root>/shm`` (mps_shm's),
+        ``<root>/.ready`` (the fleet role's) and ``<root>/.bytecode`` (mps_host's cache) belong to the collection and are
+        not named.
         """
         run = self.run
         paths = run.paths
@@ -97,7 +99,8 @@ class Absent:
             ours.add(os.path.join(paths.root, name))
             # another resource's own entries, a nested name's parent resource's included
             ours |= {os.path.join(paths.root, name, entry) for entry in ('pipe', 'log', '.started', RESOURCE_LOCK)}
-        ours |= {os.path.join(paths.root, SHM_DIR), os.path.join(paths.root, '.ready'), paths.log_dir}
+        ours |= {os.path.join(paths.root, SHM_DIR), os.path.join(paths.root, '.ready'), os.path.join(paths.root, BYTECODE_DIR),
+                 paths.log_dir}
         ours |= {os.path.join(paths.resource_dir, name) for name in ('pipe', RESOURCE_LOCK)}
         for name in scan_config(view, config.config_dir):
             other = config_paths(config.config_dir, name)

@@ -12,6 +12,7 @@ import os
 import re
 import typing as t
 
+from .._bytecode import CACHE_DIR as BYTECODE_DIR, remove_bytecode
 from .._errors import InvalidParameterError, MpsError
 from .._io import atomic_write, ensure_dir, read_text, remove
 from .._observe.reader import Wants
@@ -106,6 +107,7 @@ class Around:
         self.unit_dir = unit_dir
         self.systemctl = systemctl
         self.ready_path = os.path.join(root, READY_FILE)
+        self.bytecode_path = os.path.join(root, BYTECODE_DIR)
         # The run's view of the host, which every file compared here is read from.
         self.view: HostView = HostView()
 
@@ -136,7 +138,7 @@ class Around:
         p = self.params
         wants = Wants().add(files=list(self._health_files()) + [self._drop_in(), self._fact()] + self._slurm_files(),
                             dirs=[p['logrotate_dir'], p.get('metrics_dir') or None],
-                            others=[self.ready_path, os.path.join(self.unit_dir, HEALTH_TIMER)])
+                            others=[self.ready_path, os.path.join(self.unit_dir, HEALTH_TIMER), self.bytecode_path])
         # The textfile an earlier health script names (it may have to go): read now, to know which path to look at.
         try:
             old = _metrics_dir(read_text(next(iter(self._health_files()))))
@@ -187,6 +189,11 @@ class Around:
     def ready_exists(self) -> bool:
         """Observed: whether the ready mark is there (a directory there is refused: the mark is an empty file)."""
         return self.view.paths.lexists(self.ready_path)
+
+    def drop_bytecode(self, out: Outcome) -> None:
+        """A teardown removes the modules' bytecode cache (_bytecode.py): its entries, then the directory."""
+        if self.view.paths.lexists(self.bytecode_path):
+            out.act('remove %s (the modules\' bytecode cache)' % self.bytecode_path, lambda: remove_bytecode(self.bytecode_path))
 
     def withdraw_ready(self, out: Outcome, why: str) -> None:
         """The mark removed (decided by :func:`.decide.decide_ready`)."""

@@ -304,6 +304,8 @@ class HostManager:
             out.facts = local_facts([res.entry.as_dict() for res in listed if res.entry], [planned_resource(res) for res in listed],
                                     [gpu.facts() for gpu in self.view.gpus], self.root)
         self.around.local_facts(tail, facts_text(out.facts) if out.facts is not None else None)
+        if absent:
+            self.around.drop_bytecode(tail)
         if absent and self.params['remove_logs']:
             tail.step(lambda: rmdir_if_empty(self.root))
         if ready.mark:
