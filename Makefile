@@ -122,7 +122,7 @@ BENCH_BASELINE ?= 4e9c7f4
 bench-quick: collection simhost
 	$(OWN_HOST) $(VPY) bench/fleetbench.py --hosts 2 --reps 1 --out $(TEST_ROOT)/bench-quick --sim-base $(TEST_ROOT)
 	rm -rf $(TEST_ROOT)/bench-compare
-	$(VPY) bench/compare.py --baseline $(BENCH_BASELINE) --hosts 2 --pairs 1 --reps 1 --out $(TEST_ROOT)/bench-compare
+	$(VPY) bench/compare.py --baseline $(BENCH_BASELINE) --hosts 2 --pairs 1 --reps 1 --out $(TEST_ROOT)/bench-compare --sim-base $(TEST_ROOT)
 
 # The fleet role over SSH to an sshd of the test's own on 127.0.0.1, as fleets are reached (openssh-server: make deps).
 ssh: collection simhost deps

@@ -14,7 +14,7 @@ It reports, per fleet size, the median over the pairs of each run's median CPU p
 bench-quick`` prints it in every run. Exits non-zero only when a run fails (a no-op that changes something, a broken
 playbook) - or 0 with a line saying why nothing was compared when the baseline is not in this clone (a shallow one).
 
-usage: compare.py --baseline COMMIT --out DIR [--hosts 4,16] [--pairs 3] [--reps 3] [--json FILE]
+usage: compare.py --baseline COMMIT --out DIR [--hosts 4,16] [--pairs 3] [--reps 3] [--json FILE] [--sim-base DIR]
 """
 
 from __future__ import annotations
@@ -120,6 +120,8 @@ def main(argv: t.Optional[t.List[str]] = None) -> int:
     parser.add_argument('--reps', type=int, default=3, help='repetitions inside each fleetbench run (default 3)')
     parser.add_argument('--lib', default=os.path.join(REPO, '.simhost', 'lib'), help='the built fake libnvidia-ml.so.1')
     parser.add_argument('--json', help='also write the runs and the table here')
+    parser.add_argument('--sim-base', help='where fleetbench lays out its simulated hosts (default: under --out; unix socket '
+                                           'paths under it must stay short, so make bench-quick gives its TEST_ROOT)')
     args = parser.parse_args(argv)
     try:
         _git('cat-file', '-e', args.baseline + '^{commit}')
@@ -128,8 +130,8 @@ def main(argv: t.Optional[t.List[str]] = None) -> int:
         return 0
     os.makedirs(args.out, exist_ok=True)
     work = tempfile.mkdtemp(prefix='compare-', dir=args.out)
-    sim_base = os.path.join(work, 'sim')
-    os.makedirs(sim_base)
+    sim_base = args.sim_base or os.path.join(work, 'sim')
+    os.makedirs(sim_base, exist_ok=True)
     started = time.monotonic()
     try:
         trees = build_trees(args.baseline, work)
