@@ -41,6 +41,8 @@ import tempfile
 import time
 import typing as t
 
+from phases import timed  # bench/phases.py, beside this script
+
 STARTED = time.perf_counter()
 COLLECTION = 'ansible_collections/gpufleet/'
 PHASES = ('ansiballz', 'compile_ansible', 'compile_collection', 'exec_ansible', 'exec_collection', 'nvml', 'observe', 'ui',
@@ -159,21 +161,6 @@ def run(path: str, cache: str = '') -> None:
             if '_payload.zip' in name:
                 compiled['collection' if COLLECTION in name else 'ansible'] += time.perf_counter() - began
 
-    def timed(owner, name, phase, first_only=False):
-        real = getattr(owner, name)
-        calls = [0]
-
-        def wrapper(*args, **kwargs):
-            calls[0] += 1
-            if first_only and calls[0] > 1:
-                return real(*args, **kwargs)
-            began = time.perf_counter()
-            try:
-                return real(*args, **kwargs)
-            finally:
-                phases[phase] += time.perf_counter() - began
-        setattr(owner, name, wrapper)
-
     def patch_run_phases() -> None:
         host = sys.modules.get('ansible_collections.gpufleet.mps.plugins.module_utils._host.manager')
         gpus = sys.modules.get('ansible_collections.gpufleet.mps.plugins.module_utils._gpus')
@@ -181,12 +168,12 @@ def run(path: str, cache: str = '') -> None:
         if patched[0] or host is None or gpus is None or framing is None:
             return
         patched[0] = True
-        timed(gpus.Nvml, '__enter__', 'nvml')
-        timed(gpus.Nvml, 'gpus', 'nvml', first_only=True)
-        timed(host.HostManager, 'observe', 'observe')
-        timed(host.HostManager, 'decide', 'decide')
-        timed(host.HostManager, '_results', 'results')
-        timed(framing.ControlClient, 'batch', 'ui')
+        timed(phases, gpus.Nvml, '__enter__', 'nvml')
+        timed(phases, gpus.Nvml, 'gpus', 'nvml', first_only=True)
+        timed(phases, host.HostManager, 'observe', 'observe')
+        timed(phases, host.HostManager, 'decide', 'decide')
+        timed(phases, host.HostManager, '_results', 'results')
+        timed(phases, framing.ControlClient, 'batch', 'ui')
 
     def timed_import(name, globals_=None, locals_=None, fromlist=(), level=0):
         # The outermost import of a package of the payload is timed whole (its own imports included): ansible's or the

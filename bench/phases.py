@@ -26,6 +26,24 @@ import time
 STARTED = time.perf_counter()
 
 
+def timed(phases, owner, name, phase, first_only=False):
+    """``owner.name`` replaced by a wrapper that adds the time of each call (only the first: ``first_only``) to
+    ``phases[phase]`` (payload_phases.py times the same phases this way)."""
+    real = getattr(owner, name)
+    calls = [0]
+
+    def wrapper(*args, **kwargs):
+        calls[0] += 1
+        if first_only and calls[0] > 1:
+            return real(*args, **kwargs)
+        began = time.perf_counter()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            phases[phase] += time.perf_counter() - began
+    setattr(owner, name, wrapper)
+
+
 def main() -> None:
     phases = {'import_ansible': 0.0, 'import_collection': 0.0, 'nvml_init': 0.0, 'observe': 0.0, 'decide': 0.0, 'ui': 0.0,
               'results': 0.0}
@@ -40,27 +58,12 @@ def main() -> None:
     from ansible_collections.gpufleet.mps.plugins.module_utils._protocol.framing import ControlClient
     phases['import_collection'] = time.perf_counter() - mark
 
-    def timed(owner, name, phase, first_only=False):
-        real = getattr(owner, name)
-        calls = [0]
-
-        def wrapper(*args, **kwargs):
-            calls[0] += 1
-            if first_only and calls[0] > 1:
-                return real(*args, **kwargs)
-            began = time.perf_counter()
-            try:
-                return real(*args, **kwargs)
-            finally:
-                phases[phase] += time.perf_counter() - began
-        setattr(owner, name, wrapper)
-
-    timed(_gpus.Nvml, '__enter__', 'nvml_init')
-    timed(_gpus.Nvml, 'gpus', 'nvml_init', first_only=True)
-    timed(HostManager, 'observe', 'observe')
-    timed(HostManager, 'decide', 'decide')
-    timed(HostManager, '_results', 'results')
-    timed(ControlClient, 'batch', 'ui')
+    timed(phases, _gpus.Nvml, '__enter__', 'nvml_init')
+    timed(phases, _gpus.Nvml, 'gpus', 'nvml_init', first_only=True)
+    timed(phases, HostManager, 'observe', 'observe')
+    timed(phases, HostManager, 'decide', 'decide')
+    timed(phases, HostManager, '_results', 'results')
+    timed(phases, ControlClient, 'batch', 'ui')
 
     def report():
         total = time.perf_counter() - STARTED
