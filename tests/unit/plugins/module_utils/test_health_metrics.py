@@ -366,6 +366,22 @@ def _kill(pids: t.Iterable[int]) -> None:
             pass
 
 
+def _killed(pid: int) -> None:
+    """SIGKILL ``pid`` and wait until it has exited (a zombie or gone): the signal is delivered asynchronously, and on
+    a busy machine a script started at once can still find the daemon alive, its lock held, and call it unreachable."""
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with open('/proc/%d/stat' % pid, encoding='utf-8') as handle:
+                if handle.read().rsplit(') ', 1)[1].split(' ', 1)[0] == 'Z':
+                    return
+        except OSError:
+            return
+        time.sleep(0.01)
+    raise AssertionError('process %d still runs 10s after SIGKILL' % pid)
+
+
 @pytest.fixture
 def sim(simhost):
     host = Host(simhost, str(simhost / 'host' / 'bin' / 'nvidia-cuda-mps-control'))
@@ -456,7 +472,7 @@ def test_a_hung_and_a_killed_daemon_their_reasons_and_the_last_success_kept(sim)
     time.sleep(1.1)  # a later second
     sim.render(2)
     os.kill(hung, signal.SIGSTOP)  # it accepts, never answers
-    os.kill(killed, signal.SIGKILL)  # a zombie here: nothing reaps the simulator's double-forked daemons
+    _killed(killed)  # a zombie here: nothing reaps the simulator's double-forked daemons
     try:
         result = sim.run()
         assert sim.run(sim.plain).returncode == 0 and not sim.ready  # the plain script agrees
