@@ -183,7 +183,7 @@ def boolean(resource: t.Mapping[str, t.Any], key: str, where: str) -> bool:
 
 
 def check_resources(resources: t.Any, param: str = 'resources') -> None:
-    """What can be refused in a resource list without the host's GPUs - on the controller, before any host is touched.
+    """What can be refused in a resource list without the host's GPUs - on the controller, before the module is sent to the host.
 
     Keys, names, percentages, the form of sizes and replica counts. The rest (devices, sizes against memory,
     replicas against each GPU) is :func:`resolve_entries`' on the host, with the same messages.
