@@ -130,6 +130,24 @@ def split_replies(commands: t.Sequence[str], lines: t.Sequence[str]) -> t.List[R
     return replies
 
 
+def control_env(base: t.Mapping[str, str], pipe_dir: t.Optional[str] = None, log_dir: t.Optional[str] = None) -> t.Dict[str, str]:
+    """The environment of a control binary we run: the caller's, less every ``CUDA_MPS_*`` variable of its own and
+    ``NVML_MPS_DEVICE_ENUMERATION``, with the pipe and log directories we mean.
+
+    A caller's ``CUDA_MPS_PROTOCOL_VERSION``, ``CUDA_MPS_LOG_DIRECTORY`` or client limits must never reach a control
+    command: every invocation follows the running daemon's protocol (mps-v3-reference.md), and the UI of one resource
+    must not be pointed at another's directories. ``NVML_MPS_DEVICE_ENUMERATION`` would change what NVML enumerates
+    for whatever the UI starts.
+    """
+    env = {name: value for name, value in base.items()
+           if not name.startswith('CUDA_MPS_') and name != 'NVML_MPS_DEVICE_ENUMERATION'}
+    if pipe_dir:
+        env['CUDA_MPS_PIPE_DIRECTORY'] = pipe_dir
+    if log_dir:
+        env['CUDA_MPS_LOG_DIRECTORY'] = log_dir
+    return env
+
+
 class ControlClient:
     """Talks to the control daemon of one pipe directory, one UI process per batch."""
 
@@ -143,13 +161,7 @@ class ControlClient:
         self.processes = 0
 
     def _env(self) -> t.Dict[str, str]:
-        env = dict(self.base_env)
-        # Keep NVML usable for everything this UI process may start, and point it at this daemon.
-        env.pop('NVML_MPS_DEVICE_ENUMERATION', None)
-        env['CUDA_MPS_PIPE_DIRECTORY'] = self.pipe_dir
-        if self.log_dir:
-            env['CUDA_MPS_LOG_DIRECTORY'] = self.log_dir
-        return env
+        return control_env(self.base_env, self.pipe_dir, self.log_dir)
 
     def run_raw(self, stdin_text: str) -> t.Tuple[int, str, str]:
         """Run one UI process with ``stdin_text``; return (rc, stdout, stderr)."""

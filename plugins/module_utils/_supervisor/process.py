@@ -12,7 +12,7 @@ import subprocess
 import time
 import typing as t
 
-from .._protocol.framing import ControlClient, Reply, SENTINEL
+from .._protocol.framing import ControlClient, Reply, SENTINEL, control_env
 from .._protocol.commands import check_applied, parse_percentage, quit_command
 from .._errors import (
     ControlBinaryError,
@@ -120,7 +120,7 @@ class Daemon:
         if self.binary not in cache:
             try:
                 proc = subprocess.run([self.binary, '-h'], stdin=subprocess.DEVNULL, capture_output=True, timeout=10,
-                                      env=self.environ, check=False)
+                                      env=control_env(self.environ), check=False)
                 cache[self.binary] = proc.stdout.decode('utf-8', 'replace') + proc.stderr.decode('utf-8', 'replace')
             except (OSError, subprocess.SubprocessError):
                 cache[self.binary] = ''

@@ -94,6 +94,35 @@ def test_batch_passes_the_pipe_dir_and_never_nvml_mps_device_enumeration(tmp_pat
     assert not any(line.startswith('NVML_MPS_DEVICE_ENUMERATION=') for line in env)
 
 
+# What a job script, a Slurm prolog or an operator's shell may have set: none of it may reach a control command.
+CALLERS_MPS_ENV = {
+    'CUDA_MPS_PROTOCOL_VERSION': '3',  # every invocation follows the running daemon's protocol (mps-v3-reference.md)
+    'CUDA_MPS_PIPE_DIRECTORY': '/theirs/pipe',
+    'CUDA_MPS_LOG_DIRECTORY': '/theirs/log',
+    'CUDA_MPS_ACTIVE_THREAD_PERCENTAGE': '10',
+    'CUDA_MPS_PINNED_DEVICE_MEM_LIMIT': '0=1G',
+    'CUDA_MPS_CLIENT_PRIORITY': '1',
+}
+
+
+@pytest.mark.parametrize('log_dir', ['/run/x/log', None])
+def test_a_callers_cuda_mps_variables_never_reach_the_control_ui(tmp_path, log_dir):
+    ui = fake_ui(tmp_path, stdout='100.0\n')
+    client = _control.ControlClient(ui, '/run/x/pipe', timeout=5, log_dir=log_dir,
+                                    base_env=dict(CALLERS_MPS_ENV, PATH=os.environ['PATH'], LANG='C.UTF-8'))
+    client.batch(['get_default_active_thread_percentage'])
+    env = dict(line.split('=', 1) for line in (tmp_path / 'env').read_text().splitlines() if '=' in line)
+    mps = {name: value for name, value in env.items() if name.startswith('CUDA_MPS_')}
+    assert mps == dict({'CUDA_MPS_PIPE_DIRECTORY': '/run/x/pipe'}, **({'CUDA_MPS_LOG_DIRECTORY': log_dir} if log_dir else {}))
+    assert env['LANG'] == 'C.UTF-8'  # the rest of the caller's environment is kept
+
+
+def test_control_env_keeps_the_rest_and_sets_only_what_it_is_given():
+    base = dict(CALLERS_MPS_ENV, PATH='/usr/bin', NVML_MPS_DEVICE_ENUMERATION='1', CUDA_VISIBLE_DEVICES='0')
+    assert _control.control_env(base) == {'PATH': '/usr/bin', 'CUDA_VISIBLE_DEVICES': '0'}
+    assert base['CUDA_MPS_PROTOCOL_VERSION'] == '3'  # the caller's mapping is not changed
+
+
 @pytest.mark.parametrize('stream', ['stdout', 'stderr'])
 def test_no_daemon_is_reported_whichever_stream_carries_the_message(tmp_path, stream):
     ui = fake_ui(tmp_path, rc=1, **{stream: 'Cannot find MPS control daemon process\n'})

@@ -399,3 +399,16 @@ def test_a_start_with_an_option_the_binary_does_not_know_fails_at_once_with_its_
         daemon.start(['GPU-a'], False, ['sm_partition add GPU-a 4'])
     assert time.monotonic() - started < 10
     assert (tmp_path / 'argv').read_text().split() == ['-d', '-S']
+
+
+def test_the_help_probe_runs_without_the_callers_cuda_mps_variables(tmp_path):
+    """``-h`` is asked with the environment of every control call: a caller's CUDA_MPS_* never reaches the binary."""
+    binary = tmp_path / 'nvidia-cuda-mps-control'
+    binary.write_text('#!/bin/sh\nenv > "%s/env"\necho "nvidia-cuda-mps-control help"\necho "set_default_client_priority"\n' % tmp_path)
+    binary.chmod(0o755)
+    _daemon._HELP_TEXTS.pop(str(binary), None)
+    daemon = _daemon.Daemon(resource_paths(str(tmp_path / 'root'), 'train'), str(binary), 5, 5,
+                            environ={'PATH': os.environ['PATH'], 'CUDA_MPS_PROTOCOL_VERSION': '3',
+                                     'CUDA_MPS_PIPE_DIRECTORY': '/theirs/pipe'})
+    assert daemon.offers('set_default_client_priority') is True
+    assert not [line for line in (tmp_path / 'env').read_text().splitlines() if line.startswith('CUDA_MPS_')]
