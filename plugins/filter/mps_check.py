@@ -10,7 +10,7 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import MpsError
 from ansible_collections.gpufleet.mps.plugins.module_utils._host.entries import check_resources
-from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.unit import validate_units
+from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.unit import check_unit_order
 
 # The role's variables this filter checks, and how.
 UNIT_LISTS = ('mps_unit_before', 'mps_unit_after')
@@ -25,9 +25,7 @@ def mps_check(value: t.Any, variable: str = 'mps_resources') -> t.Any:
         raise AnsibleFilterError('mps_check: variable must be one of %s, got %r' % (', '.join(VARIABLES), variable))
     try:
         if variable in UNIT_LISTS:
-            # A string is a comma-separated list, split exactly as the module's list type splits it (no stripping: a
-            # space after a comma is refused here as it would be there, on the host).
-            return list(validate_units(value.split(',') if isinstance(value, str) else value, variable))
+            return list(check_unit_order(value, variable))
         check_resources(value, variable)
     except MpsError as exc:
         raise AnsibleFilterError(exc.msg) from exc

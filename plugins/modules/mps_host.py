@@ -43,6 +43,11 @@ description:
     mode, or a link, is not used (a warning says why); an altered or stale entry is compiled again from the source. It
     changes nothing of what the module does, and writing it is not a change (C(changed)).
 attributes:
+  action:
+    description: >-
+      An action plugin of the same name checks O(resources) (its keys, names and values, all that needs no GPU facts)
+      and O(unit_before)/O(unit_after) on the controller before the module is sent, with the module's own messages.
+    support: full
   check_mode:
     description: Plans every resource, reports the actions and the diff, changes nothing.
     support: full

@@ -109,7 +109,9 @@ def _entries(resources: t.Any, param: str, *, strict_keys: bool) -> t.Iterator[t
             raise InvalidParameterError('%s[%d]' % (param, number), 'must be a mapping with a name')
         unknown = sorted(str(key) for key in resource if key not in RESOURCE_KEYS)
         if strict_keys and unknown:
-            raise InvalidParameterError('%s[%d]' % (param, number), 'unknown key(s) %s; the keys are %s' % (
+            # named as the module's own argument check names it: by its name where it has one, else by its index
+            label = resource['name'] if isinstance(resource['name'], str) and resource['name'] else number
+            raise InvalidParameterError('%s[%s]' % (param, label), 'unknown key(s) %s; the keys are %s' % (
                 ', '.join(unknown), ', '.join(RESOURCE_KEYS)))
         name = validate_name(resource['name'], '%s[%d].name' % (param, number))
         if name in names:

@@ -198,6 +198,13 @@ def validate_units(value: t.Any, param: str) -> t.Tuple[str, ...]:
     return tuple(names)
 
 
+def check_unit_order(value: t.Any, param: str) -> t.Tuple[str, ...]:
+    """A unit order as a controller receives it, checked before the module is sent: a string is a comma-separated list,
+    split exactly as the module's list type splits it (no stripping: a space after a comma is refused here as it would
+    be on the host); then :func:`validate_units`."""
+    return validate_units(value.split(',') if isinstance(value, str) else value, param)
+
+
 def render_order_dropin(before: t.Sequence[str], after: t.Sequence[str]) -> t.Optional[str]:
     """The per-instance drop-in that orders the daemon before and after other units; None when there is no order."""
     if not before and not after:

@@ -13,7 +13,7 @@ from ansible_collections.gpufleet.mps.plugins.filter.mps_check import mps_check
 def test_a_resource_list_is_returned_unchanged_and_a_bad_one_names_mps_resources():
     resources = [{'name': 'train', 'devices': [0]}]
     assert mps_check(resources) is resources
-    with pytest.raises(AnsibleFilterError, match=r'^mps_resources\[0\]: unknown key\(s\) bogus'):
+    with pytest.raises(AnsibleFilterError, match=r'^mps_resources\[train\]: unknown key\(s\) bogus'):
         mps_check([{'name': 'train', 'bogus': 1}])
 
 

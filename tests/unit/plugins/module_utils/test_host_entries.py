@@ -33,7 +33,7 @@ def test_devices_default_to_every_gpu():
 
 
 @pytest.mark.parametrize('resources, message', [
-    ([{'name': 'a', 'device': [0]}], r"^resources\[0\]: unknown key\(s\) device; the keys are name, devices"),
+    ([{'name': 'a', 'device': [0]}], r"^resources\[a\]: unknown key\(s\) device; the keys are name, devices"),
     ([{'name': 'a', 'devices': [0], 'replica': 4}], r'unknown key\(s\) replica'),
     ([{'name': 'a', 'devices': [0]}, {'name': 'a', 'devices': [1]}], "'a' is listed twice"),
     ([{'name': 'a', 'devices': [0]}, {'name': 'b', 'devices': [0]}], r"GPU 0 \(GPU-00000001-0000\) is in both 'a' and 'b'"),
