@@ -19,7 +19,8 @@ What keeps it safe and invisible:
 - an entry of another source (an upgraded collection) is another key; storing one removes the module's older entries,
   so the cache holds one entry per module;
 - nothing is written in check mode or by ``state=absent`` (which removes the directory), nor when the root does not
-  exist yet (the first converge makes it; the next run fills the cache);
+  exist yet (the first converge makes it; the next run fills the cache); a run that is not root's neither reads nor
+  writes it (a directory it made would be refused by every later run as root, with a warning each time);
 - any failure of the cache itself (an unreadable zip, a full disk) is a miss: the module imports its source as it
   would without it. It never changes what a module does, and writing it is no change of the host (``changed``).
 """
@@ -80,6 +81,8 @@ def install() -> None:
         write = not absent and not args.get('_ansible_check_mode', False)
         if absent:
             return  # a teardown removes the cache: it neither reads nor writes it
+        if os.geteuid() != 0:
+            return  # only root's: a directory another user made would be refused by every later run as root
         sys.meta_path.insert(0, Finder(payload, Cache(os.path.join(os.path.normpath(root), CACHE_DIR), write=write)))
     except Exception:  # pylint: disable=broad-except
         return  # the shipped source, as without a cache

@@ -22,8 +22,10 @@ UTILS = 'ansible_collections/gpufleet/mps/plugins/module_utils/'
 # The interpreter of one module run: ansible-core's basic as AnsiballZ leaves it (the arguments in _ANSIBLE_ARGS), the
 # payload first on sys.path, install(), then the probe imported. Prints what it saw; counts the probe's compiles.
 RUN = r'''
-import builtins, json, sys, types
+import builtins, json, os, sys, types
 payload, args = sys.argv[1], sys.argv[2]
+if len(sys.argv) > 3:
+    os.geteuid = lambda: int(sys.argv[3])  # a run as another user, as far as the cache can tell
 sys.path.insert(0, payload)
 basic = types.ModuleType('ansible.module_utils.basic')
 basic._ANSIBLE_ARGS = args.encode()
@@ -54,10 +56,11 @@ def _payload(path, probe='VALUE = 42\n'):
     return str(path)
 
 
-def _run(payload, root, **args):
+def _run(payload, root, euid=None, **args):
     args = dict(dict(root=str(root), _ansible_module_name='gpufleet.mps.mps_host'), **args)
-    done = subprocess.run([sys.executable, '-I', '-c', RUN, payload, json.dumps({'ANSIBLE_MODULE_ARGS': args})],
-                          capture_output=True, text=True, check=False, env={'PATH': os.environ['PATH']})
+    done = subprocess.run([sys.executable, '-I', '-c', RUN, payload, json.dumps({'ANSIBLE_MODULE_ARGS': args})]
+                          + ([] if euid is None else [str(euid)]), capture_output=True, text=True, check=False,
+                          env={'PATH': os.environ['PATH']})
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -144,6 +147,13 @@ def test_check_mode_and_a_teardown_write_nothing_and_a_missing_root_is_not_made(
     assert not cache.exists()
     assert _run(payload, tmp_path / 'no-root-yet')['compiles'] == 1
     assert not (tmp_path / 'no-root-yet').exists()
+
+
+def test_a_run_that_is_not_roots_neither_makes_nor_reads_the_cache(setup):
+    payload, root, cache = setup
+    result = _run(payload, root, euid=1000)
+    assert (result['value'], result['refused'], result['finders']) == (42, '', 0)  # the payload's own import, compiled
+    assert result['compiles'] >= 1 and result['cached_loader'] != 'Loader' and not cache.exists()
 
 
 def test_only_mps_host_uses_the_cache(setup):
