@@ -13,6 +13,9 @@ floor, divided by N*K, is the CPU one visit of that kind costs per host. Kinds, 
                    ``meta/argument_specs.yml`` prepends to its tasks)
   end_role         a ``meta: end_role`` whose ``when`` is false (ansible-core >= 2.18; no worker process, but a task
                    banner per host)
+  args_plain       a ``set_fact`` of 45 literal values
+  args_templated   the same 45 as the fleet role passes its variables to its task: each ``"{{ mps_... }}"``, 12 of
+                   them through ``| bool`` - less args_plain, what templating a role's arguments costs per host
 
 A report, never a pass/fail on time (a shared machine's speed drifts): medians over the repetitions. Needs only
 ansible-core, no collection and no simulated host.
@@ -32,7 +35,9 @@ import sys
 import time
 import typing as t
 
-KINDS = ('skipped_include', 'assert', 'argspec', 'end_role')
+KINDS = ('skipped_include', 'assert', 'argspec', 'end_role', 'args_plain', 'args_templated')
+ARGS = 45  # the fleet role's mps_host task passes 45 arguments
+BOOLS = 12  # of which 12 through the bool filter
 OPTIONS = 40
 
 
@@ -48,6 +53,17 @@ def _task(kind: str, number: int) -> t.List[str]:
         return ['- name: Argument spec %d' % number, '  ansible.builtin.validate_argument_spec:', '    argument_spec: "{{ spec }}"']
     if kind == 'end_role':
         return ['- name: End role %d, not taken' % number, '  ansible.builtin.meta: end_role', '  when: never_true | default(false)']
+    if kind in ('args_plain', 'args_templated'):
+        lines = ['- name: %s %d' % (kind, number), '  ansible.builtin.set_fact:']
+        for arg in range(ARGS):
+            if kind == 'args_plain':
+                value = "'value %d'" % arg
+            elif arg < BOOLS:
+                value = '"{{ mps_var_%02d | bool }}"' % arg
+            else:
+                value = '"{{ mps_var_%02d }}"' % arg
+            lines.append('    arg_%02d_%d: %s' % (arg, number, value))
+        return lines
     raise ValueError('unknown kind %r; the kinds are %s' % (kind, ', '.join(KINDS)))
 
 
@@ -61,7 +77,8 @@ def write_files(out: str, hosts: int, tasks: int, kinds: t.Sequence[str]) -> t.D
     spec = {'opt_%02d' % n: {'type': 'str', 'default': 'value %d' % n, 'description': ['Option %d of a role.' % n] * 3}
             for n in range(OPTIONS)}
     inventory = {'all': {'vars': {'ansible_connection': 'local', 'ansible_python_interpreter': sys.executable,
-                                  'items_var': list(range(8)), 'spec': spec},
+                                  'items_var': list(range(8)), 'spec': spec,
+                                  **{'mps_var_%02d' % n: (n % 2 == 0) if n < BOOLS else 'value %d' % n for n in range(ARGS)}},
                          'hosts': {'h%03d' % n: {} for n in range(hosts)}}}
     with open(os.path.join(out, 'inventory.json'), 'w', encoding='utf-8') as handle:
         json.dump(inventory, handle)

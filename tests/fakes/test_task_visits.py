@@ -28,7 +28,7 @@ def test_the_table_divides_the_difference_by_hosts_and_tasks(tmp_path, monkeypat
 def test_an_unknown_kind_is_refused_naming_the_kinds(tmp_path):
     done = subprocess.run([sys.executable, str(BENCH / 'task_visits.py'), '--out', str(tmp_path), '--kinds', 'bogus'],
                           capture_output=True, text=True, check=False)
-    assert done.returncode == 2 and 'skipped_include, assert, argspec, end_role' in done.stderr
+    assert done.returncode == 2 and 'skipped_include, assert, argspec, end_role, args_plain, args_templated' in done.stderr
 
 
 @pytest.mark.parametrize('kind', task_visits.KINDS)
