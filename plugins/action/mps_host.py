@@ -14,13 +14,19 @@ from __future__ import annotations
 
 import typing as t
 
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
 from ansible.utils.vars import merge_hash
 
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import MpsError
 from ansible_collections.gpufleet.mps.plugins.module_utils._host.entries import check_resources
 from ansible_collections.gpufleet.mps.plugins.module_utils._module import OPTION_PREFIX_VAR, PREFIXABLE
+from ansible_collections.gpufleet.mps.plugins.module_utils._options import resources_option
 from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.unit import check_unit_order
+
+
+# the list as mps_host's argument spec declares it
+RESOURCES_SPEC = {'resources': resources_option()}
 
 
 def refusal(args: t.Mapping[str, t.Any], prefix: str = '') -> t.Optional[t.Tuple[str, str]]:
@@ -33,7 +39,15 @@ def refusal(args: t.Mapping[str, t.Any], prefix: str = '') -> t.Optional[t.Tuple
         for option in ('unit_before', 'unit_after'):
             check_unit_order(args.get(option), prefix + option)
         if args.get('state', 'present') == 'present' and args.get('resources') is not None:
-            check_resources(args['resources'], prefix + 'resources')
+            # As the module reads the list: its argument check converts each entry first ("name=train", a name of
+            # 123, multiuser: 1.0 and sm_partitions: "8,4,4" are all good input to it), so the check runs on what it
+            # converted. Where the conversion fails, the list as given: the refusal in our words (an unknown key, a
+            # value's kind); what neither check names is left to the module, which refuses it on the host.
+            converted = ArgumentSpecValidator(RESOURCES_SPEC).validate({'resources': args['resources']})
+            if converted.error_messages:
+                check_resources(args['resources'], prefix + 'resources')
+            else:
+                check_resources(converted.validated_parameters['resources'], prefix + 'resources')
     except MpsError as exc:
         return exc.fail_kwargs().get('param') or '', exc.msg
     return None

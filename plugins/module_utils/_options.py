@@ -65,6 +65,12 @@ def resource_spec() -> t.Dict[str, t.Dict[str, t.Any]]:
     return spec(*RESOURCE_KEYS[1:], name=dict(type='str', required=True))
 
 
+def resources_option() -> t.Dict[str, t.Any]:
+    """mps_host's ``resources`` option: a list of entries of :func:`resource_spec` (its action plugin converts a list
+    with it on the controller as the module does on the host)."""
+    return dict(type='list', elements='dict', default=[], options=resource_spec())
+
+
 def spec(*names: str, **own: t.Dict[str, t.Any]) -> t.Dict[str, t.Dict[str, t.Any]]:
     """An argument spec: the shared options ``names`` (copies), then the module's own ``own``."""
     result = {name: dict(OPTIONS[name], **({'choices': list(OPTIONS[name]['choices'])} if 'choices' in OPTIONS[name] else {}))

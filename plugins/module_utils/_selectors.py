@@ -63,7 +63,7 @@ def _resolve_one(selector: t.Union[str, int], gpus: t.Sequence[Gpu], param: str)
     text = str(selector).strip()
     if isinstance(selector, bool) or not text:
         raise InvalidParameterError(param, '%r is not a GPU index, UUID or UUID prefix, nor a MIG device' % (selector,))
-    if text.isdigit():
+    if text.isascii() and text.isdigit():
         index = int(text)
         for gpu in gpus:
             if gpu.index == index:

@@ -381,14 +381,14 @@ from ansible_collections.gpufleet.mps.plugins.module_utils._errors import MpsErr
 from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import ENUMERATION_WARNING, Nvml
 from ansible_collections.gpufleet.mps.plugins.module_utils._host.manager import HostManager
 from ansible_collections.gpufleet.mps.plugins.module_utils._module import control_binary, run_module
-from ansible_collections.gpufleet.mps.plugins.module_utils._options import DAEMON_OPTIONS, resource_spec, spec
+from ansible_collections.gpufleet.mps.plugins.module_utils._options import DAEMON_OPTIONS, resources_option, spec
 
 
 def argument_spec():
     return spec(
         'root', 'config_dir', 'control_binary', 'running_servers', *DAEMON_OPTIONS,
         state=dict(type='str', choices=['present', 'absent'], default='present'),
-        resources=dict(type='list', elements='dict', default=[], options=resource_spec()),
+        resources=resources_option(),
         prune=dict(type='bool', default=True),
         orphans=dict(type='str', choices=['refuse', 'stop'], default='refuse'),
         ready=dict(type='bool', default=True),

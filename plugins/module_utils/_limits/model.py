@@ -368,7 +368,8 @@ def replica_limits(replicas: int, gpus: t.Iterable[t.Any]) -> t.Tuple[float, t.D
 def as_count(value: t.Any, param: str) -> t.Any:
     """A whole number given as text (``"4"``, as ``-e`` and templates give it) as the number, as a percentage's is;
     anything else as it is, for the check that follows to refuse."""
-    if isinstance(value, str) and value.strip().isdigit():
+    # ASCII digits only: str.isdigit() is true for '²', which int() refuses with a ValueError
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
         return int(value.strip())
     return value
 

@@ -38,7 +38,7 @@ def parse_partitions(value: t.Any, param: str = 'sm_partitions') -> t.Tuple[int,
     chunks = []
     for item in value:
         if isinstance(item, bool) or not isinstance(item, int):
-            if isinstance(item, str) and item.strip().isdigit():
+            if isinstance(item, str) and item.strip().isascii() and item.strip().isdigit():
                 item = int(item.strip())
             else:
                 raise InvalidParameterError(param, 'must be %s; %r is not a number of chunks' % (PARTITIONS_FORM, item))

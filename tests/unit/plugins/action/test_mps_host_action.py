@@ -40,11 +40,24 @@ def test_a_refusal_names_the_option_as_the_user_wrote_it(args, prefix, param, me
 @pytest.mark.parametrize('args', [
     GOOD,
     {},  # the module's defaults
+    # what the module's own argument check converts before its checks: good input to it, so good here
+    {'resources': ['name=train']},
+    {'resources': [{'name': 123}]},
+    {'resources': [{'name': 'a', 'multiuser': 1.0, 'oversubscribe': 'yes'}]},
+    {'resources': [{'name': 'a', 'sm_partitions': '8,4,4'}]},
     {'state': 'absent', 'resources': [{'name': 'train', 'device': [0]}]},  # absent takes no list: the module's to say
     {'unit_before': 'slurmd.service,kubelet.service', 'resources': []},
 ])
 def test_what_needs_the_hosts_gpus_or_nothing_passes(args):
     assert action.refusal(args) is None
+
+
+@pytest.mark.parametrize('value', ['\u00b2', ['\u00b2']])
+@pytest.mark.parametrize('key', ['replicas', 'sm_partitions'])
+def test_digits_int_cannot_read_are_refused_not_raised(key, value):
+    """'²' is a digit to str.isdigit() and no number to int(): a refusal naming the key, never a ValueError."""
+    found = action.refusal({'resources': [{'name': 'a', key: value}]})
+    assert found is not None and found[0] == 'resources[a].%s' % key
 
 
 def _plugin(args: t.Dict[str, t.Any], environment: t.Any = None) -> action.ActionModule:
@@ -82,3 +95,15 @@ def test_a_good_list_runs_the_module_once_and_returns_its_result():
     execute.assert_called_once_with(task_vars={'inventory_hostname': 'gpu01'}, wrap_async=False)
     cleanup.assert_called_once()
     assert result['ready'] is True and not result.get('failed')
+
+
+def test_an_async_task_runs_the_module_wrapped_and_leaves_its_directory_to_the_executor():
+    plugin = _plugin(dict(GOOD))
+    plugin._task.async_val = 60
+    with mock.patch.object(plugin, '_execute_module', return_value={'ansible_job_id': 'j1', 'started': 1}) as execute, \
+            mock.patch.object(plugin, '_remove_tmp_path') as cleanup:
+        result = plugin.run(task_vars={})
+    execute.assert_called_once_with(task_vars={}, wrap_async=True)
+    cleanup.assert_not_called()  # as the normal action: the async wrapper removes it when the job ends
+    assert result['ansible_job_id'] == 'j1'
+

@@ -127,7 +127,8 @@ def test_bad_selections_are_refused(four, selectors, message):
         resolve_devices(selectors, four)
 
 
-@pytest.mark.parametrize('selectors', [[], 'some', ['x y'], [True], ['']])
+# '\u00b2' is a digit to str.isdigit() and no index to int(): refused, never a ValueError
+@pytest.mark.parametrize('selectors', [[], 'some', ['x y'], [True], [''], ['\u00b2']])
 def test_malformed_selectors_name_the_parameter(four, selectors):
     with pytest.raises(InvalidParameterError) as excinfo:
         resolve_devices(selectors, four)
