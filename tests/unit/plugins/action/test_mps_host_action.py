@@ -106,4 +106,3 @@ def test_an_async_task_runs_the_module_wrapped_and_leaves_its_directory_to_the_e
     execute.assert_called_once_with(task_vars={}, wrap_async=True)
     cleanup.assert_not_called()  # as the normal action: the async wrapper removes it when the job ends
     assert result['ansible_job_id'] == 'j1'
-
