@@ -104,6 +104,8 @@ LABELS = [
      'Ansible Configuration Settings'),
     ('common_return_values', 'reference_appendices/common_return_values.html#common-return-values',
      'Return Values'),
+    # the note on a module with an action plugin of its own (mps_host)
+    ('action_plugins', 'plugins/action.html#action-plugins', 'Action plugins'),
 ]
 header = (b'# Sphinx inventory version 2\n# Project: Ansible\n# Version: devel\n'
           b'# The remainder of this file is compressed using zlib.\n')

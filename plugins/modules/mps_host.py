@@ -14,7 +14,9 @@ description:
     limit.
   - All or nothing. Every entry and option is checked against the host's GPUs before anything is read from a daemon or
     changed - an unknown key, a bad limit (V(20 GB), V(150)), a size larger than a GPU, a GPU in two resources, a GPU in
-    MIG mode - and a bad one changes nothing, C(<root>/.ready) included.
+    MIG mode - and a bad one changes nothing, C(<root>/.ready) included. What needs no GPU facts (the entries' keys,
+    names and values, O(unit_before) and O(unit_after)) is refused on the controller, by the module's action plugin,
+    before the module is sent to the host.
   - Observe, decide, execute. Under a host-wide lock (one run at a time; another run waits, bounded, then plans from
     what the first one left), the run plans every change of the host into one ordered list, RV(changes) - the same list
     in check mode and in a real run, by construction - check mode returns it, a real run executes exactly it and reports
@@ -41,13 +43,9 @@ description:
     source and the interpreter's magic number, each holding the hash of its code), written by a run that is neither in
     check mode nor O(state=absent) once the root exists, and removed by O(state=absent). A directory of another owner or
     mode, or a link, is not used (a warning says why); an altered or stale entry is compiled again from the source. It
-    changes nothing of what the module does, and writing it is not a change (C(changed)).
+    changes nothing of what the module does, and writing it is not a change (C(changed)). Only a run as root makes or
+    reads it.
 attributes:
-  action:
-    description: >-
-      An action plugin of the same name checks O(resources) (its keys, names and values, all that needs no GPU facts)
-      and O(unit_before)/O(unit_after) on the controller before the module is sent, with the module's own messages.
-    support: full
   check_mode:
     description: Plans every resource, reports the actions and the diff, changes nothing.
     support: full
