@@ -13,10 +13,12 @@ WORK/sims/<host>, then runs these jobs and checks their artifacts (``artifacts/<
   preview    site.yml with a new replica count for the fleet, --check --diff (a Check job with Show
              Changes): successful, every host would change and shows a diff, no file changes
   roll-bad   roll.yml (serial 2, max_fail_percentage 0) with a new replica count for the fleet and
-             an invalid value in one batch-1 host's host_vars: failed, the roll ends in batch 1 and
-             no host changes - batch 2 gets no event and not one of its files changes
+             an invalid value in one batch-1 host's host_vars: failed, the bad host alone, with none of
+             its files changed; the roll ends with batch 1 - batch 2 gets no event and not one of its
+             files changes (the other host of batch 1 runs the same task beside the bad one)
   roll       roll.yml with the host_vars fixed: successful, two batches in inventory order, every host
-             changed, and a client of each daemon gets the new limits
+             changed (but one that roll-bad changed already: changed=0), and a client of each daemon gets
+             the new limits
   roll-busy  roll.yml (mps_busy: wait) with multi-user servers for the fleet - a restart of every daemon -
              while a client holds BUSY_HOST's daemon for a few seconds: successful, BUSY_HOST's restart
              waited for that client, which left by itself (not ended), and every daemon was restarted
@@ -266,7 +268,8 @@ def test_jobs(work: str) -> list[Job]:
               f'preview: no diff for {host} (Show Changes would show nothing)')
         check(snapshot(work, host, skip_logs=True) == before[host], f'preview: check mode changed files of {host}')
 
-    # A roll whose batch 1 holds a host with a bad value: nothing of batch 2 may be touched.
+    # A roll whose batch 1 holds a host with a bad value: the bad host is refused with nothing of it changed, and nothing
+    # of batch 2 is touched. The other host of batch 1 runs the role's one task beside it, so it may change.
     before = {host: snapshot(work, host, skip_logs=host in BATCHES[0]) for host in HOSTS}
     host_vars = os.path.join(work, 'inventory', 'host_vars')
     os.makedirs(host_vars)
@@ -279,11 +282,12 @@ def test_jobs(work: str) -> list[Job]:
     check(bad.status == 'failed' and bad.rc != 0, f'roll-bad: status {bad.status!r}, rc {bad.rc}: the roll did not fail')
     check(bad.stats['failures'] == {BAD_HOST: 1}, f'roll-bad: failures {bad.stats["failures"]}, expected only {BAD_HOST}')
     check(len(bad.of('playbook_on_play_start')) == 1, 'roll-bad: a second batch was started')
-    check(not bad.stats['changed'], f'roll-bad: hosts were changed: {bad.stats["changed"]}')
+    check(BAD_HOST not in bad.stats['changed'] and not set(bad.stats['changed']) & set(BATCHES[1]),
+          f'roll-bad: hosts were changed: {bad.stats["changed"]}')
     for host in BATCHES[1]:
         check(not bad.host_events(host), f'roll-bad: {host} of batch 2 ran tasks after batch 1 failed')
         check(host not in bad.stats['processed'], f'roll-bad: {host} of batch 2 is in the play recap')
-    for host in HOSTS:
+    for host in [BAD_HOST] + BATCHES[1]:
         check(snapshot(work, host, skip_logs=host in BATCHES[0]) == before[host],
               f'roll-bad: files of {host} changed although the roll failed')
 
@@ -298,7 +302,12 @@ def test_jobs(work: str) -> list[Job]:
     first_of_batch2 = min(event['counter'] for host in BATCHES[1] for event in roll.host_events(host))
     check(last_of_batch1 < first_of_batch2, 'roll: batch 2 started before batch 1 had finished')
     for host in HOSTS:
-        check(roll.stats['changed'].get(host, 0) > 0, f'roll: {host} was not changed by the new replica count')
+        # a host that already took the change beside the bad one in roll-bad reports changed=0: the roll goes on from
+        # where it stopped (docs/docsite/rst/guide_awx.rst)
+        if bad.stats['changed'].get(host, 0):
+            check(not roll.stats['changed'].get(host, 0), f'roll: {host} changed again although roll-bad had changed it')
+        else:
+            check(roll.stats['changed'].get(host, 0) > 0, f'roll: {host} was not changed by the new replica count')
         got = client_limits(work, host)
         check(got['active_thread_percentage'] == 100.0 / ROLL_REPLICAS,
               f'roll: a client on {host} got {got["active_thread_percentage"]}% of the threads, '
