@@ -20,7 +20,7 @@ from ansible.utils.vars import merge_hash
 
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import MpsError
 from ansible_collections.gpufleet.mps.plugins.module_utils._host.entries import check_resources
-from ansible_collections.gpufleet.mps.plugins.module_utils._module import OPTION_PREFIX_VAR, PREFIXABLE
+from ansible_collections.gpufleet.mps.plugins.module_utils._module import OPTION_PREFIX_VAR, prefixed
 from ansible_collections.gpufleet.mps.plugins.module_utils._options import resources_option
 from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.unit import check_unit_order
 
@@ -37,7 +37,7 @@ def refusal(args: t.Mapping[str, t.Any], prefix: str = '') -> t.Optional[t.Tuple
     """
     try:
         for option in ('unit_before', 'unit_after'):
-            check_unit_order(args.get(option), prefix + option)
+            check_unit_order(args.get(option), option)
         if args.get('state', 'present') == 'present' and args.get('resources') is not None:
             # As the module reads the list: its argument check converts each entry first ("name=train", a name of
             # 123, multiuser: 1.0 and sm_partitions: "8,4,4" are all good input to it), so the check runs on what it
@@ -45,11 +45,12 @@ def refusal(args: t.Mapping[str, t.Any], prefix: str = '') -> t.Optional[t.Tuple
             # value's kind); what neither check names is left to the module, which refuses it on the host.
             converted = ArgumentSpecValidator(RESOURCES_SPEC).validate({'resources': args['resources']})
             if converted.error_messages:
-                check_resources(args['resources'], prefix + 'resources')
+                check_resources(args['resources'])
             else:
-                check_resources(converted.validated_parameters['resources'], prefix + 'resources')
+                check_resources(converted.validated_parameters['resources'])
     except MpsError as exc:
-        return exc.fail_kwargs().get('param') or '', exc.msg
+        # named as the module names its own refusals (_module.prefixed): the same words from either side
+        return prefixed(prefix, exc.fail_kwargs().get('param') or '', exc.msg)
     return None
 
 
@@ -64,10 +65,7 @@ class ActionModule(ActionBase):
         del tmp  # tmp no longer has any effect
         environment: t.Dict[str, t.Any] = {}
         self._compute_environment_string(environment)
-        prefix = str(environment.get(OPTION_PREFIX_VAR) or '')
-        if not PREFIXABLE.match(prefix + 'x'):
-            prefix = ''
-        found = refusal(self._task.args, prefix)
+        found = refusal(self._task.args, str(environment.get(OPTION_PREFIX_VAR) or ''))
         if found is not None:
             result.update(failed=True, changed=False, msg=found[1])
             if found[0]:

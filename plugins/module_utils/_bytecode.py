@@ -77,13 +77,12 @@ def install() -> None:
         root = args.get('root') or DEFAULT_ROOT
         if not isinstance(root, str) or not os.path.isabs(root):
             return
-        absent = args.get('state', 'present') == 'absent'
-        write = not absent and not args.get('_ansible_check_mode', False)
-        if absent:
+        if args.get('state', 'present') == 'absent':
             return  # a teardown removes the cache: it neither reads nor writes it
         if os.geteuid() != 0:
             return  # only root's: a directory another user made would be refused by every later run as root
-        sys.meta_path.insert(0, Finder(payload, Cache(os.path.join(os.path.normpath(root), CACHE_DIR), write=write)))
+        cache = Cache(os.path.join(os.path.normpath(root), CACHE_DIR), write=not args.get('_ansible_check_mode', False))
+        sys.meta_path.insert(0, Finder(payload, cache))
     except Exception:  # pylint: disable=broad-except
         return  # the shipped source, as without a cache
 
@@ -138,7 +137,7 @@ class Cache:
             STATUS['refused'] = '%s cannot be opened as a directory (%s)' % (self.path, exc.strerror)
             return None
         info = os.fstat(fd)
-        if info.st_uid != 0 or info.st_uid != os.geteuid() or stat.S_IMODE(info.st_mode) != 0o700:
+        if info.st_uid != 0 or stat.S_IMODE(info.st_mode) != 0o700:  # install() runs it for root only
             os.close(fd)
             STATUS['refused'] = '%s is not a directory of root with mode 0700 (owner uid %d, mode %04o)' % (
                 self.path, info.st_uid, stat.S_IMODE(info.st_mode))

@@ -45,6 +45,14 @@ def finish(module: AnsibleModule, outcome: Outcome, **values: t.Any) -> t.Dict[s
     return result
 
 
+def prefixed(prefix: str, param: t.Any, msg: str) -> t.Tuple[t.Any, str]:
+    """A refusal's parameter and message as the caller wrote them: run by the fleet role (``prefix`` ``mps_``, from
+    ``GPUFLEET_MPS_OPTION_PREFIX``), whose variables are ``mps_<option>``, they name the variable; else unchanged."""
+    if prefix and isinstance(param, str) and PREFIXABLE.match(param):
+        return prefix + param, prefix + msg if msg.startswith(param + ': ') else msg
+    return param, msg
+
+
 def entry_error(argument_spec: t.Mapping[str, t.Any], params: t.Mapping[str, t.Any]) -> t.Optional[t.Tuple[str, str]]:
     """The first error in an entry of a list of mappings, as (``resources[train].multiuser``, message), or None.
 
@@ -105,13 +113,8 @@ class _Module(AnsibleModule):
             if found is not None:
                 kwargs.setdefault('param', found[0])
                 msg = '%s: %s' % found
-        param = kwargs.get('param')
-        prefix = os.environ.get(OPTION_PREFIX_VAR, '')
-        if prefix and isinstance(param, str) and PREFIXABLE.match(param):
-            # Run by the fleet role, whose variables are mps_<option>: the refusal names the variable the user wrote.
-            kwargs['param'] = prefix + param
-            if msg.startswith(param + ': '):
-                msg = prefix + msg
+        if 'param' in kwargs:
+            kwargs['param'], msg = prefixed(os.environ.get(OPTION_PREFIX_VAR, ''), kwargs['param'], msg)
         super().fail_json(msg, **kwargs)
 
 

@@ -28,6 +28,7 @@ import typing as t
 import pytest
 
 from ansible_collections.gpufleet.mps.plugins.module_utils import _gpus
+from ansible_collections.gpufleet.mps.plugins.module_utils._proc import pid_alive
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import MpsError
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import config_paths, resource_paths
 from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.health import render_health
@@ -372,11 +373,7 @@ def _killed(pid: int) -> None:
     os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        try:
-            with open('/proc/%d/stat' % pid, encoding='utf-8') as handle:
-                if handle.read().rsplit(') ', 1)[1].split(' ', 1)[0] == 'Z':
-                    return
-        except OSError:
+        if not pid_alive(pid):  # a zombie is dead to it
             return
         time.sleep(0.01)
     raise AssertionError('process %d still runs 10s after SIGKILL' % pid)
