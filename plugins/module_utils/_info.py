@@ -113,7 +113,7 @@ class Collector:
 
     def collect(self) -> Report:
         nvml, gpus, enumeration_set = nvml_facts(self.nvml_factory)
-        facts, warnings = render(self.request, self.observe(gpus), nvml, enumeration_set)
+        facts, warnings = render(self.request, self.observe(gpus), nvml, enumeration_set=enumeration_set)
         return Report(facts, warnings, self.ui_processes)
 
     def observe(self, gpus: t.Sequence[Gpu]) -> HostView:
@@ -131,10 +131,10 @@ class Collector:
                 record = seen.record if seen.problem is None else None
                 read_process(view, seen.liveness.pid, seen.paths.shm_dir, record_known=record is not None)
                 static = record.static_partitioning if record is not None else bool(view.static_args.get(seen.liveness.pid))
-                self._ask(view, seen, len(record.devices) if record is not None else 0, static)
+                self._ask(view, seen, len(record.devices) if record is not None else 0, static=static)
         return view.seal()
 
-    def _ask(self, view: HostView, seen: t.Any, ordinals: int, static: bool) -> None:
+    def _ask(self, view: HostView, seen: t.Any, ordinals: int, *, static: bool) -> None:
         """One UI process for everything the daemon can tell; a silent or broken daemon is recorded, not raised."""
         paths = seen.paths
         if not self.request.control_binary:

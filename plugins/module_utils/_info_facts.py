@@ -27,9 +27,9 @@ from ._resource.record import StartRecord
 from ._tmpfs import current_state
 
 
-def render(request: t.Any, view: t.Any, nvml: t.Dict[str, t.Any], enumeration_set: bool) -> t.Tuple[t.Dict[str, t.Any], t.List[str]]:
+def render(request: t.Any, view: t.Any, nvml: t.Dict[str, t.Any], *, enumeration_set: bool) -> t.Tuple[t.Dict[str, t.Any], t.List[str]]:
     """(facts, warnings) of one mps_info run, from its sealed view."""
-    return Facts(request, view).render(nvml, enumeration_set)
+    return Facts(request, view).render(nvml, enumeration_set=enumeration_set)
 
 
 class Facts:
@@ -40,13 +40,13 @@ class Facts:
         self.view = view
         self.warnings: t.List[str] = []
 
-    def render(self, nvml: t.Dict[str, t.Any], enumeration_set: bool) -> t.Tuple[t.Dict[str, t.Any], t.List[str]]:
+    def render(self, nvml: t.Dict[str, t.Any], *, enumeration_set: bool) -> t.Tuple[t.Dict[str, t.Any], t.List[str]]:
         gpus = self.view.gpus
         facts: t.Dict[str, t.Any] = {'nvml': nvml, 'control_binary': self.request.control_binary}
         if enumeration_set:
             self.warnings.append(ENUMERATION_WARNING)
         if 'daemons' in self.request.gather:
-            facts['daemons'] = self.daemons(gpus, nvml['available'])
+            facts['daemons'] = self.daemons(gpus, nvml_available=nvml['available'])
             facts['other_daemons'] = self.other_daemons(gpus)
         if 'gpus' in self.request.gather:
             facts['gpus'] = [gpu.facts() for gpu in gpus]
@@ -110,7 +110,7 @@ class Facts:
             return [self.request.name]
         return sorted(name for name in scan_resources(self.view.paths, self.request.root) if name in self.view.resources)
 
-    def daemons(self, gpus: t.Sequence[Gpu], nvml_available: bool) -> t.List[t.Dict[str, t.Any]]:
+    def daemons(self, gpus: t.Sequence[Gpu], *, nvml_available: bool) -> t.List[t.Dict[str, t.Any]]:
         by_uuid = {gpu.uuid: gpu for gpu in all_devices(gpus)}
         daemons = []
         for name in self.reported():
@@ -119,11 +119,11 @@ class Facts:
                 continue
             state = seen.liveness
             if state.running or state.stale or state.conflict:
-                daemons.append(self.daemon(seen.paths, seen, by_uuid, nvml_available))
+                daemons.append(self.daemon(seen.paths, seen, by_uuid, nvml_available=nvml_available))
         self._warn_shared_gpus({d['name'] for d in daemons}, by_uuid)
         return daemons
 
-    def daemon(self, paths: ResourcePaths, seen: t.Any, by_uuid: t.Mapping[str, Gpu], nvml_available: bool) -> t.Dict[str, t.Any]:
+    def daemon(self, paths: ResourcePaths, seen: t.Any, by_uuid: t.Mapping[str, Gpu], *, nvml_available: bool) -> t.Dict[str, t.Any]:
         state, found = seen.liveness, self._record(seen)
         view = self.view
         record = found or StartRecord()  # no record: no devices, and null for what only a record says
@@ -185,8 +185,8 @@ class Facts:
                                      paths.name, ' (pid %d)' % state.pid_file_pid if state.pid_file_pid else '',
                                      ', '.join(state.leftovers)))
             return facts
-        self._warn_running(paths, devices, record, by_uuid, nvml_available, state.pid, sees)
-        self._reported(paths, uuids, persisted, facts, bool(facts['static_partitioning']))
+        self._warn_running(paths, devices, record, by_uuid, nvml_available=nvml_available, pid=state.pid, sees=sees)
+        self._reported(paths, uuids, persisted, facts, static=bool(facts['static_partitioning']))
         return facts
 
     def _persisted(self, name: str) -> t.Optional[Limits]:
@@ -200,7 +200,7 @@ class Facts:
     def _container(self, paths: ResourcePaths, facts: t.Dict[str, t.Any], uuids: t.Sequence[str], by_uuid: t.Mapping[str, Gpu],
                    persisted: t.Optional[Limits]) -> None:
         try:
-            facts['container'] = container_view(paths, self.request.container_root, facts['shm'])
+            facts['container'] = container_view(paths, self.request.container_root, shm=facts['shm'])
         except InvalidParameterError as exc:
             self.warnings.append('no container view for %s: %s' % (paths.name, exc.msg))
         if facts['container'] is None:
@@ -214,8 +214,8 @@ class Facts:
             self.warnings.append('no container engine arguments for %s: %s' % (paths.name, exc.msg))
 
     def _warn_running(self, paths: ResourcePaths, devices: t.Sequence[t.Dict[str, t.Any]], record: StartRecord,
-                      by_uuid: t.Mapping[str, Gpu], nvml_available: bool, pid: t.Optional[int], sees: t.Optional[str]) -> None:
-        self._warn_compute_modes(paths, devices, by_uuid, nvml_available)
+                      by_uuid: t.Mapping[str, Gpu], *, nvml_available: bool, pid: t.Optional[int], sees: t.Optional[str]) -> None:
+        self._warn_compute_modes(paths, devices, by_uuid, nvml_available=nvml_available)
         now = next((gpu.driver_version for gpu in by_uuid.values() if gpu.driver_version), None) if nvml_available else None
         if record.driver_version and now and record.driver_version != now:
             self.warnings.append('the MPS control daemon of %s was started under driver %s and NVML now reports %s: '
@@ -231,7 +231,7 @@ class Facts:
                                  'fail to connect (chmod o+x, or run clients as root)' % (', '.join(blocked), paths.name))
 
     def _reported(self, paths: ResourcePaths, uuids: t.Sequence[str], persisted: t.Optional[Limits], facts: t.Dict[str, t.Any],
-                  static: bool = False) -> None:
+                  *, static: bool = False) -> None:
         """What the daemon answered in its one control batch; a silent or broken daemon is reported, not raised."""
         failure = self.view.failures.get(paths.name)
         readout = self.view.readouts.get(paths.name)
@@ -278,7 +278,7 @@ class Facts:
 
     # --- warnings ----------------------------------------------------------------------------------
     def _warn_compute_modes(self, paths: ResourcePaths, devices: t.Sequence[t.Dict[str, t.Any]], by_uuid: t.Mapping[str, Gpu],
-                            nvml_available: bool) -> None:
+                            *, nvml_available: bool) -> None:
         if not nvml_available:
             return
         for device in devices:

@@ -65,7 +65,7 @@ class Outcome:
     executed: t.List[Change] = field(default_factory=list)
 
     def act(self, action: str, run: t.Optional[Step] = None, reason: t.Optional[str] = None, kind: t.Optional[str] = None,
-            ends_clients: bool = False) -> Change:
+            *, ends_clients: bool = False) -> Change:
         """Plan one change a user would want to know about; ``run`` makes it happen when applied."""
         change = Change(kind or KINDS.get(action.split(' ', 1)[0].rstrip(':'), 'other'), action, reason or '', ends_clients=ends_clients)
         self.changed = True

@@ -103,7 +103,7 @@ class ShmOutcome(Outcome):
 class ShmManager:
     """Bring ``<root>/shm`` to ``mounted`` (with its persistence) or ``absent``."""
 
-    def __init__(self, root: str, persist: str, fstab: str, unit_dir: str, check_mode: bool, mounter: Mounter,
+    def __init__(self, root: str, persist: str, fstab: str, unit_dir: str, *, check_mode: bool, mounter: Mounter,
                  pages: t.Optional[t.Tuple[int, int]] = None, systemctl: t.Optional[Systemctl] = None,
                  selinux_type: str = '', daemons_stop_first: bool = False) -> None:
         self.root = validate_root(root)
@@ -148,7 +148,7 @@ class ShmManager:
         return self.view.text(path, what)
 
     @classmethod
-    def for_host(cls, root: str, state: str, persist: str, fstab: str, unit_dir: str, check_mode: bool, selinux_type: t.Any,
+    def for_host(cls, root: str, state: str, persist: str, fstab: str, unit_dir: str, *, check_mode: bool, selinux_type: t.Any,
                  param: str = 'persist', daemons_stop_first: bool = False) -> 'ShmManager':
         """The manager for this host: V(auto) persistence resolved, systemctl where systemd runs, options checked."""
         systemd = systemd_is_pid1()
@@ -161,7 +161,7 @@ class ShmManager:
                 'systemctl is not installed' if not systemctl_path else 'systemd is not running as PID 1 here'))
         systemctl = Systemctl(systemctl_path) if systemctl_path and systemd else None
         # mount and umount are found lazily: a teardown of a host that never had the tmpfs needs neither.
-        return cls(root, persist, fstab, unit_dir, check_mode, Mounter(shutil.which('mount'), shutil.which('umount')),
+        return cls(root, persist, fstab, unit_dir, check_mode=check_mode, mounter=Mounter(shutil.which('mount'), shutil.which('umount')),
                    systemctl=systemctl, selinux_type=validate_selinux_type(selinux_type), daemons_stop_first=daemons_stop_first)
 
     def never_here(self, view: t.Any) -> bool:
@@ -240,14 +240,14 @@ class ShmManager:
             self._mount(current, kib, out)
             self._label(current, out)
             self._persist(kib, out)
-            out.after = dict(ShmState(True, kib, list(FLAGS), '1777').view(), persisted={
+            out.after = dict(ShmState(mounted=True, size_kib=kib, flags=list(FLAGS), mode='1777').view(), persisted={
                 'fstab': self.persist == 'fstab', 'unit': self.persist == 'systemd'})
         else:
             if current.mounted:
                 out.act('unmount %s' % self.path, lambda: self.mounter.umount(self.path))
             self._remove_mount_point(current, out)
             self._persist(None, out)
-            out.after = dict(ShmState(False).view(), persisted={'fstab': False, 'unit': False})
+            out.after = dict(ShmState(mounted=False).view(), persisted={'fstab': False, 'unit': False})
         return out
 
     def _remove_mount_point(self, current: ShmState, out: ShmOutcome) -> None:

@@ -126,7 +126,7 @@ def current_state(path: str, pages: t.Optional[t.Tuple[int, int]] = None, mounti
     entries = parse_mountinfo(text)
     entry = _mounted_at(path, entries, real)
     if entry is None:
-        return ShmState(False)
+        return ShmState(mounted=False)
     if entry.fstype != 'tmpfs':
         raise MpsError('%s is a mount point of a %s file system (%s), not a tmpfs; refusing to mount over it or '
                        'unmount it' % (path, entry.fstype, entry.source), path=path)
@@ -146,7 +146,7 @@ def current_state(path: str, pages: t.Optional[t.Tuple[int, int]] = None, mounti
             mode = format(stat.S_IMODE(os.stat(path).st_mode), '04o')
         except OSError:
             mode = None
-    return ShmState(True, kib, [flag for flag in FLAGS if flag in entry.flags], mode)
+    return ShmState(mounted=True, size_kib=kib, flags=[flag for flag in FLAGS if flag in entry.flags], mode=mode)
 
 
 def mount_options(kib: int) -> str:

@@ -284,7 +284,7 @@ def run(module):
     params = module.params
     setup = DaemonSetup.from_params(params, control_binary)
     with Nvml() as nvml:
-        outcome = setup.manager(nvml, module.check_mode).ensure(
+        outcome = setup.manager(nvml, check_mode=module.check_mode).ensure(
             params['state'], params['devices'], multiuser=params['multiuser'], compute_mode=params['compute_mode'],
             enabled=params['enabled'], shm=params['shm'], remove_logs=params['remove_logs'], foreground=params['foreground'])
         if nvml.enumeration_var_was_set:

@@ -443,7 +443,7 @@ def run(module):
             result['msg'] = why + ': MPS is not managed here (require_gpu=true fails such a host instead)'
             module.warn(result['msg'])  # said where a person looks, without a task of the role's own for it
             return result
-        outcome = HostManager(params, nvml, control_binary, module.check_mode).ensure(gpus)
+        outcome = HostManager(params, nvml, control_binary, check_mode=module.check_mode).ensure(gpus)
     finally:
         nvml.__exit__(None, None, None)
     for warning in outcome.warnings:

@@ -163,8 +163,8 @@ def run(module):
     params = module.params
     if params['state'] == 'mounted':
         kib = size_kib(params['size'])
-    manager = ShmManager.for_host(params['root'], params['state'], params['persist'], params['fstab'], UNIT_DIR, module.check_mode,
-                                  params['selinux_type'])
+    manager = ShmManager.for_host(params['root'], params['state'], params['persist'], params['fstab'], UNIT_DIR, check_mode=module.check_mode,
+                                  selinux_type=params['selinux_type'])
     persist = manager.persist
     outcome = manager.ensure(params['state'], params['size'])
     values = dict(path=manager.path, mounted=outcome.after['mounted'], size_kib=outcome.after['size_kib'], persist=persist,

@@ -55,7 +55,7 @@ class Absent:
         planned = run.planned
         if run.systemctl is not None and not planned.disable and run.view.unit(run.unit)[1]:
             # Enabled by an earlier run with supervisor=systemd: it would start again at boot.
-            self.unit.apply_enabled(False, out)
+            self.unit.apply_enabled(out, enabled=False)
         logs = [os.path.join(paths.log_dir, name) for name in LOG_FILES] + [paths.log_dir] if planned.remove_logs else []
         lock = os.path.join(paths.resource_dir, RESOURCE_LOCK)
         unit_path = self.unit.template_path

@@ -72,7 +72,7 @@ class DaemonActions:
             out.act('%s %s' % ('restart' if restart else 'start', run.unit), lambda: self.unit.start(wanted, out, restart=restart))
         else:
             out.act('start the MPS control daemon', lambda: record_start(
-                run, wanted, run.daemon.start([gpu.uuid for gpu in wanted.devices], wanted.multiuser, replay), out))
+                run, wanted, run.daemon.start([gpu.uuid for gpu in wanted.devices], multiuser=wanted.multiuser, replay=replay), out))
 
     def _replay_for(self, wanted: Wanted, out: Outcome) -> t.List[str]:
         """The persisted limits as commands for this daemon's device order (commands file rewritten to match)."""

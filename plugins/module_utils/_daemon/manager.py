@@ -94,7 +94,7 @@ class DaemonManager:
         return view
 
     # --- entry points ----------------------------------------------------------------------------
-    def validate(self, state: str, compute_mode: str, foreground: bool) -> None:
+    def validate(self, state: str, compute_mode: str, *, foreground: bool) -> None:
         """Options checked without the host: raises before anything is read or changed."""
         if compute_mode not in COMPUTE_MODE_CHOICES:
             raise InvalidParameterError('compute_mode', 'must be one of %s' % ', '.join(COMPUTE_MODE_CHOICES))
@@ -106,7 +106,7 @@ class DaemonManager:
                  remove_logs: bool, foreground: bool) -> t.Optional[Wanted]:
         """Check every option against the view and set up the decision; raises before any side effect."""
         run = self.run
-        self.validate(state, compute_mode, foreground)
+        self.validate(state, compute_mode, foreground=foreground)
         refuse_unsafe_dirs(managed_dirs(run.paths, run.config.config_dir), self.view.paths)
         if state == 'absent':
             enabled = False
@@ -133,7 +133,7 @@ class DaemonManager:
         """Bring the resource to ``state`` (started, stopped, restarted or absent): read the host under the resource's
         lock, decide, and (unless in check mode) execute exactly what was decided."""
         run = self.run
-        self.validate(state, compute_mode, foreground)
+        self.validate(state, compute_mode, foreground=foreground)
         options = dict(multiuser=multiuser, compute_mode=compute_mode, enabled=enabled, shm=shm, remove_logs=remove_logs,
                        foreground=foreground)
         # Imported here: mps_host, which imports this module on every run, executes through its own caller.
@@ -209,7 +209,7 @@ class DaemonManager:
             self.unit_files.stop_unit(out)
             if not run.planned.enabled:
                 # Stopping never enables a unit; it disables one when asked to.
-                self.unit_files.apply_enabled(False, out)
+                self.unit_files.apply_enabled(out, enabled=False)
 
     def _ensure_running(self, state: str, wanted: Wanted, current: Liveness, record: t.Optional[StartRecord],
                         out: Outcome) -> None:
@@ -321,7 +321,7 @@ class DaemonSetup:
         # A resource that an older version accepted (a pipe directory of 88 to 99 bytes) can still be stopped and removed.
         paths = resource_paths(params['root'], params['name'], check_length=not leaving)
         try:
-            container: t.Optional[t.Dict[str, t.Any]] = with_engine(container_view(paths, params['container_root'], params['shm']))
+            container: t.Optional[t.Dict[str, t.Any]] = with_engine(container_view(paths, params['container_root'], shm=params['shm']))
         except InvalidParameterError:
             if not leaving:
                 raise
@@ -357,7 +357,7 @@ class DaemonSetup:
         return cls(paths, config, container, daemon, supervisor, systemctl, nvidia_smi, params['busy'], params['busy_timeout'],
                    selinux_type, before, after, unit_dir=unit_dir)
 
-    def manager(self, nvml: Nvml, check_mode: bool, host: t.Optional[HostContext] = None) -> 'DaemonManager':
+    def manager(self, nvml: Nvml, *, check_mode: bool, host: t.Optional[HostContext] = None) -> 'DaemonManager':
         return DaemonManager(self.paths, self.config, self.daemon, nvml, self.supervisor, check_mode=check_mode, systemctl=self.systemctl,
                              nvidia_smi=self.nvidia_smi, unit_dir=self.unit_dir, host=host, busy=self.busy,
                              busy_timeout=self.busy_timeout, selinux_type=self.selinux_type, unit_before=self.unit_before,

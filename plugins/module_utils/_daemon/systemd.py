@@ -45,9 +45,9 @@ class UnitFiles:
 
     def env_values(self, wanted: Wanted) -> t.Dict[str, str]:
         run = self.run
-        return unit_environment(run.paths, run.config, [gpu.uuid for gpu in wanted.devices], wanted.multiuser,
-                                wanted.compute_mode, run.daemon.binary, run.nvidia_smi, run.daemon.stop_timeout,
-                                run.daemon.log_mode, run.selinux_type, wanted.foreground)
+        return unit_environment(run.paths, run.config, [gpu.uuid for gpu in wanted.devices], multiuser=wanted.multiuser,
+                                compute_mode=wanted.compute_mode, control_binary=run.daemon.binary, nvidia_smi=run.nvidia_smi,
+                                stop_timeout=run.daemon.stop_timeout, log_mode=run.daemon.log_mode, selinux_type=run.selinux_type, foreground=wanted.foreground)
 
     def render(self, wanted: Wanted) -> t.Dict[str, t.Optional[str]]:
         """Path -> wanted content; None for a file that must not exist."""
@@ -85,9 +85,9 @@ class UnitFiles:
             reload_needed = reload_needed or path != run.config.env_file
         if reload_needed:
             out.act('systemctl daemon-reload', run.systemctl.daemon_reload if run.systemctl else None)
-        self.apply_enabled(wanted.enabled, out)
+        self.apply_enabled(out, enabled=wanted.enabled)
 
-    def apply_enabled(self, enabled: t.Optional[bool], out: Outcome) -> None:
+    def apply_enabled(self, out: Outcome, *, enabled: t.Optional[bool]) -> None:
         run = self.run
         if enabled is None or run.systemctl is None:
             return

@@ -67,7 +67,7 @@ def check_paths(params: t.Mapping[str, t.Any]) -> None:
             raise InvalidParameterError(param, '%r is not an absolute path' % params[param])
 
 
-def check_around(params: t.Mapping[str, t.Any], root: str, systemd: bool) -> None:
+def check_around(params: t.Mapping[str, t.Any], root: str, *, systemd: bool) -> None:
     """The other options of the files around the daemons (state=present), each refusal naming the option the user
     wrote; ``systemd``: whether systemd runs the daemons here."""
     p = params
@@ -180,7 +180,7 @@ class Around:
                                             % (path, param))
         prolog, gres = p.get('slurm_task_prolog'), p.get('slurm_gres_conf')
         if prolog:
-            plan_write(out, prolog, render_task_prolog(self.root, resources, bool(p.get('slurm_memory_share'))), 0o755,
+            plan_write(out, prolog, render_task_prolog(self.root, resources, memory_share=bool(p.get('slurm_memory_share'))), 0o755,
                        'Slurm MPS jobs are pointed at the daemon of their GPU', self.view, 'a Slurm TaskProlog (slurm_task_prolog)')
         if gres:
             plan_write(out, gres, render_gres_conf(resources, p.get('slurm_device_dir') or '/dev'), 0o644,
@@ -226,7 +226,7 @@ class Around:
                 'a check would write %s back while daemons go down; started again after them' % self.ready_path, kind='unit')
         return True
 
-    def health(self, out: Outcome, wanted_here: bool, *, paused: bool = False) -> None:
+    def health(self, out: Outcome, *, wanted_here: bool, paused: bool = False) -> None:
         """The health timer that keeps the ready mark true between runs, where systemd supervises the daemons;
         ``paused``: :meth:`pause_health` stopped it earlier in this run."""
         p = self.params
@@ -265,7 +265,7 @@ class Around:
             if systemctl is not None:
                 out.step(systemctl.daemon_reload)
 
-    def logrotate(self, out: Outcome, present: bool) -> None:
+    def logrotate(self, out: Outcome, *, present: bool) -> None:
         p = self.params
         drop_in = self._drop_in()
         if present and p['logrotate'] and self.view.paths.isdir(p['logrotate_dir']):

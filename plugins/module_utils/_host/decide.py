@@ -24,14 +24,14 @@ class ReadyDecision:
     mark: bool
 
 
-def decide_ready(absent: bool, listed: t.Sequence[str], down: t.Sequence[str], enabled: bool, exists: bool) -> ReadyDecision:
+def decide_ready(*, absent: bool, listed: t.Sequence[str], down: t.Sequence[str], enabled: bool, exists: bool) -> ReadyDecision:
     """The ready mark of a run: ``listed`` resources, the ``down`` ones (restarted, started, or removed) among them.
 
     An empty list is not ready; a teardown withdraws it; a run that brings any resource down withdraws it before the
     first change and writes it again as its last, after every listed daemon answered. ``enabled``: ready=true.
     """
     if not enabled:
-        return ReadyDecision(None, False)
+        return ReadyDecision(withdraw=None, mark=False)
     why = None
     if absent:
         why = 'state=absent'

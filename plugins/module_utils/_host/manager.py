@@ -97,7 +97,7 @@ def _as_entry(exc: InvalidParameterError, name: str) -> InvalidParameterError:
 class HostManager:
     """One host's MPS: its listed resources, what is removed, and the files around them."""
 
-    def __init__(self, params: t.Mapping[str, t.Any], nvml: Nvml, binary: t.Callable[[t.Optional[str]], str], check_mode: bool,
+    def __init__(self, params: t.Mapping[str, t.Any], nvml: Nvml, binary: t.Callable[[t.Optional[str]], str], *, check_mode: bool,
                  unit_dir: str = UNIT_DIR) -> None:
         self.params = params
         self.nvml = nvml
@@ -167,7 +167,7 @@ class HostManager:
         # A real run creates the root first, the lock's directory (a run on a new host waits for another run on it too),
         # and removes it again when it is refused.
         create = not self.check_mode and self.params['state'] == 'present'
-        with HostLock(self.root, not self.check_mode, self.lock_timeout(), create=create) as lock:
+        with HostLock(self.root, exclusive=not self.check_mode, timeout=self.lock_timeout(), create=create) as lock:
             if lock.waited:
                 # Another run changed the host meanwhile: plan from what it left.
                 self.nvml.refresh()
@@ -279,26 +279,27 @@ class HostManager:
             body.take(res.name, res.limits)
             body.take(res.name, res.daemon)
         body.warnings += pending_warning([(res.name, res.limits.pending) for res in listed if not res.restart])
-        return self._order(body, listed, absent)
+        return self._order(body, listed, absent=absent)
 
-    def _order(self, body: HostOutcome, listed: t.List[_Resource], absent: bool) -> HostOutcome:
+    def _order(self, body: HostOutcome, listed: t.List[_Resource], *, absent: bool) -> HostOutcome:
         """Waits first, then the ready mark withdrawn if anything goes down, the body, the files around, the mark last."""
         out = HostOutcome(removed=body.removed, warnings=list(body.warnings))
         down = ([res.name for res in listed if res.restart or res.daemon.before.get('state') != 'running'] + list(body.removed)
                 + [change.resource for change in body.changes if change.kind == 'stop' and change.action.startswith('end the orphan')])
-        ready = decide_ready(absent, [res.name for res in listed], down, bool(self.params['ready']), self.around.ready_exists())
+        ready = decide_ready(absent=absent, listed=[res.name for res in listed], down=down, enabled=bool(self.params['ready']),
+                             exists=self.around.ready_exists())
         head = Outcome()
         paused = False
         if absent:
-            self.around.health(head, False)  # first: the timer would write the mark back while daemons still answer
+            self.around.health(head, wanted_here=False)  # first: the timer would write the mark back while daemons still answer
         elif down:
             paused = self.around.pause_health(head)  # the same, while this run restarts or starts daemons
         if ready.withdraw:
             self.around.withdraw_ready(head, ready.withdraw)
         tail = Outcome()
         if not absent:
-            self.around.health(tail, bool(listed), paused=paused)
-        self.around.logrotate(tail, not absent)
+            self.around.health(tail, wanted_here=bool(listed), paused=paused)
+        self.around.logrotate(tail, present=not absent)
         self.around.slurm(tail, [res.entry for res in listed if res.entry] if not absent and self.params['slurm_hook'] else None)
         if not absent and self.params['local_facts']:
             out.facts = local_facts([res.entry.as_dict() for res in listed if res.entry], [planned_resource(res) for res in listed],
@@ -342,7 +343,7 @@ class HostManager:
 
     def _daemon(self, res: _Resource, state: str, host: HostContext) -> t.Any:
         p = self.params
-        manager = res.setup.manager(self.nvml, self.check_mode, host)
+        manager = res.setup.manager(self.nvml, check_mode=self.check_mode, host=host)
         if res.entry is None:
             # A pruned resource keeps its logs; a teardown removes them when asked to.
             return manager.plan('absent', 'all', multiuser=False, compute_mode=p['compute_mode'], enabled=False, shm=False,
@@ -376,7 +377,7 @@ class HostManager:
         # A run that changed nothing reports the host as it observed it; one that did observes it again.
         again = not self.check_mode and bool(out.executed)
         for res in listed:
-            item = resource_result(res, self.check_mode, None if again or self.view is None else self.view.resource(res.name))
+            item = resource_result(res, check_mode=self.check_mode, seen=None if again or self.view is None else self.view.resource(res.name))
             if not item.pop('healthy_now', True):
                 out.unhealthy[res.name] = item['reason']
             item.pop('reason', None)

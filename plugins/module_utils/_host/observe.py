@@ -28,7 +28,7 @@ def observe(host: t.Any, listed: t.List[t.Any]) -> t.Tuple[HostView, t.List[t.An
     wants = host.around.wants()
     if shm is not None:
         wants.merge(shm.wants())
-    managers = {res.name: res.setup.manager(host.nvml, host.check_mode) for res in listed}
+    managers = {res.name: res.setup.manager(host.nvml, check_mode=host.check_mode) for res in listed}
     for res in listed:
         wants.merge(managers[res.name].wants(shm=p['shm']))
     view = read_host(host.root, host.nvml.gpus(), [(res.setup.paths, res.setup.config) for res in listed], wants,
@@ -38,7 +38,7 @@ def observe(host: t.Any, listed: t.List[t.Any]) -> t.Tuple[HostView, t.List[t.An
         # What a removal looks at beyond the resource's own paths: its unit files, and which directories are mount points.
         more = Wants()
         for res in removed:
-            managers[res.name] = res.setup.manager(host.nvml, host.check_mode)
+            managers[res.name] = res.setup.manager(host.nvml, check_mode=host.check_mode)
             more.merge(managers[res.name].wants(shm=False)).add(others=managers[res.name].removal_paths())
         if view.mountinfo is None:
             view.mountinfo = read_mountinfo()
@@ -74,7 +74,7 @@ def shm_manager(params: t.Mapping[str, t.Any], root: str, unit_dir: str, *, chec
     from .._shm import ShmManager  # pylint: disable=import-outside-toplevel
     # The plan stops every daemon of the root before the unmount (daemons_stop_first).
     return ShmManager.for_host(root, 'absent' if absent else 'mounted', params['shm_persist'], '/etc/fstab', unit_dir,
-                               check_mode, params['selinux_type'], param='shm_persist', daemons_stop_first=absent)
+                               check_mode=check_mode, selinux_type=params['selinux_type'], param='shm_persist', daemons_stop_first=absent)
 
 
 def _observe_units(host: t.Any, resources: t.List[t.Any], managers: t.Mapping[str, t.Any], view: HostView) -> None:

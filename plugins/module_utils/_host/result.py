@@ -18,7 +18,7 @@ def planned_resource(res: t.Any) -> t.Dict[str, t.Any]:
             'limits': {'persisted': None if wanted is None or wanted.empty else persisted_facts(wanted)}}
 
 
-def resource_result(res: t.Any, check_mode: bool, seen: t.Optional[t.Any] = None) -> t.Dict[str, t.Any]:
+def resource_result(res: t.Any, *, check_mode: bool, seen: t.Optional[t.Any] = None) -> t.Dict[str, t.Any]:
     """The resource after the run: its daemon, its limits, whether it answers (``healthy_now``: counts as unhealthy).
 
     ``seen``: the run's observation of it, still true when the run changed nothing; None reads the daemon's state again.

@@ -94,8 +94,8 @@ def decide_limits(wanted: Limits, uuids: t.Sequence[str], seen: LimitsSeen, *, e
         mib = wanted.mem_for(uuid)
         if mib is not None and readback_matches(parse_readback(seen.mem.get(ordinal) or ''), mib):
             out.after['pinned_device_mem_limit'][str(ordinal)] = seen.mem[ordinal]
-    out.commands = _default_commands(wanted, uuids, seen, exact, name, out)
-    priority = _priority_command(wanted, seen, exact)
+    out.commands = _default_commands(wanted, uuids, seen, exact=exact, name=name, out=out)
+    priority = _priority_command(wanted, seen, exact=exact)
     if priority:
         out.commands.append(priority)
         if seen.servers:
@@ -108,7 +108,7 @@ def decide_limits(wanted: Limits, uuids: t.Sequence[str], seen: LimitsSeen, *, e
     return out
 
 
-def _priority_command(wanted: Limits, seen: LimitsSeen, exact: bool) -> t.Optional[str]:
+def _priority_command(wanted: Limits, seen: LimitsSeen, *, exact: bool) -> t.Optional[str]:
     """``set_default_client_priority`` when the daemon's default differs from the one wanted (exact: normal unless given)."""
     target = wanted.client_priority
     persisted = seen.persisted.client_priority if seen.persisted else None
@@ -126,7 +126,7 @@ def _priority_name(value: t.Optional[int]) -> t.Optional[str]:
     return None if value is None else PRIORITY_NAMES.get(value, str(value))
 
 
-def _default_commands(wanted: Limits, uuids: t.Sequence[str], seen: LimitsSeen, exact: bool, name: str,
+def _default_commands(wanted: Limits, uuids: t.Sequence[str], seen: LimitsSeen, *, exact: bool, name: str,
                       out: LimitsDecision) -> t.List[str]:
     persisted = seen.persisted
     cmds = []

@@ -269,7 +269,8 @@ class LimitsManager:
         readout = None
         if running:
             pct, mem_read, servers, readout = read_limits(view, self.paths.name, scope)
-            seen = LimitsSeen(persisted, True, pct, mem_read, tuple(servers), readout.default_priority, readout.priority_text)
+            seen = LimitsSeen(persisted, running=True, percentage=pct, mem=mem_read, servers=tuple(servers),
+                              priority=readout.default_priority, priority_text=readout.priority_text)
         else:
             seen = LimitsSeen(persisted)
         check_priority_offered(view, self.paths.name, self.prober or self.daemon, wanted, seen)

@@ -81,11 +81,11 @@ def write_replay(config: ConfigPaths, limits: t.Optional[Limits], device_uuids: 
     """(Re)write the files :func:`rendered` from the record, each removed when empty; True when one changed (or would)."""
     changed = False
     for path, text in rendered(config, limits, device_uuids):
-        changed = _write_or_remove(path, text, check_mode, reader) or changed
+        changed = _write_or_remove(path, text, check_mode=check_mode, reader=reader) or changed
     return changed
 
 
-def _write_or_remove(path: str, text: str, check_mode: bool, reader: t.Optional[Reader] = None) -> bool:
+def _write_or_remove(path: str, text: str, *, check_mode: bool, reader: t.Optional[Reader] = None) -> bool:
     current = (reader or read_text)(path)
     if not text:
         if current is None:

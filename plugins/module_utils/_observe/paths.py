@@ -71,7 +71,7 @@ def _kind(mode: int) -> str:
     return OTHER
 
 
-def _entry(path: str, read: bool, listed: bool, mounts: t.Optional[t.AbstractSet[str]]) -> Entry:
+def _entry(path: str, *, read: bool, listed: bool, mounts: t.Optional[t.AbstractSet[str]]) -> Entry:
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -115,7 +115,7 @@ def _with_mount(entry: Entry, path: str, mounts: t.AbstractSet[str]) -> Entry:
 class PathView:
     """The paths one run read (:func:`read_paths`), answered from memory; frozen."""
 
-    def __init__(self, entries: t.Mapping[str, Entry], mounts_read: bool = False) -> None:
+    def __init__(self, entries: t.Mapping[str, Entry], *, mounts_read: bool = False) -> None:
         self._entries = dict(entries)
         self.mounts_read = mounts_read
 
@@ -135,12 +135,12 @@ class PathView:
         """Both views' paths; ``other`` wins where both read one (it was read later)."""
         entries = dict(self._entries)
         entries.update(other._entries)  # pylint: disable=protected-access
-        return PathView(entries, self.mounts_read and other.mounts_read)
+        return PathView(entries, mounts_read=self.mounts_read and other.mounts_read)
 
     def with_mounts(self, mountinfo: str) -> 'PathView':
         """The same paths, each directory marked as a mount point or not by the mount table ``mountinfo``."""
         mounts = mount_points(mountinfo)
-        return PathView({path: _with_mount(entry, path, mounts) for path, entry in self._entries.items()}, True)
+        return PathView({path: _with_mount(entry, path, mounts) for path, entry in self._entries.items()}, mounts_read=True)
 
     # --- os.path's questions ------------------------------------------------------------------
     def lexists(self, path: str) -> bool:
@@ -221,4 +221,4 @@ def read_paths(files: t.Iterable[str] = (), dirs: t.Iterable[str] = (), others: 
             if index < 2:
                 flags[index] = True
     mounts = mount_points(mountinfo) if mountinfo is not None else None
-    return PathView({path: _entry(path, read, listed, mounts) for path, (read, listed) in wanted.items()}, mounts is not None)
+    return PathView({path: _entry(path, read=read, listed=listed, mounts=mounts) for path, (read, listed) in wanted.items()}, mounts_read=mounts is not None)

@@ -102,7 +102,7 @@ def _unread(tree: PathView, wants: Wants) -> Wants:
 
 
 def read_host(root: str, gpus: t.Sequence[Gpu], resources: t.Iterable[t.Tuple[ResourcePaths, t.Optional[ConfigPaths]]],
-              wants: t.Optional[Wants] = None, with_logs: bool = False, config_dir: t.Optional[str] = None) -> HostView:
+              wants: t.Optional[Wants] = None, *, with_logs: bool = False, config_dir: t.Optional[str] = None) -> HostView:
     """The host, once: every resource under ``root`` and those of ``resources`` (paths, config), their daemons' states and
     records, the /proc scan, and ``wants``. With ``config_dir``, every resource with files there too, and every resource's
     persisted files (a host's run, which removes what is no longer listed). Not sealed: the probes may add to it."""
@@ -114,7 +114,7 @@ def read_host(root: str, gpus: t.Sequence[Gpu], resources: t.Iterable[t.Tuple[Re
         shm_dir = os.path.join(root, SHM_DIR)
         view.realpaths[shm_dir] = os.path.join(os.path.realpath(root), SHM_DIR)
     tree = read_root(root, view.mountinfo)
-    found = scan_resources(tree, root, with_logs)
+    found = scan_resources(tree, root, with_logs=with_logs)
     if config_dir is not None:
         tree = tree.merged(read_paths(dirs=[config_dir], mountinfo=view.mountinfo))
         found = sorted(set(found) | set(scan_config(tree, config_dir)))
@@ -149,7 +149,7 @@ def read_daemon(view: HostView, name: str, query: t.Callable[[t.List[str]], t.An
     """A running daemon of resource ``name`` in one control batch: its defaults for ``ordinals`` devices, its servers with
     their limits and clients (``servers``: every child asked about; else the server list alone), its SM partitions
     where ``partitions``."""
-    readout = read_batch(query, ordinals, child_pids(pid) if servers else [], partitions)
+    readout = read_batch(query, ordinals, child_pids(pid) if servers else [], partitions=partitions)
     view.readouts[name] = ((ordinals, pid), readout)
     view.clients[name] = (pid, clients_of(readout))
     return readout

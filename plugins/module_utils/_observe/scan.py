@@ -22,7 +22,7 @@ from .._selectors import visible_gpus
 RESOURCE_MARKS = ('pipe', '.started', 'log')
 
 
-def scan_resources(view: t.Any, root: str, with_logs: bool = False) -> t.List[str]:
+def scan_resources(view: t.Any, root: str, *, with_logs: bool = False) -> t.List[str]:
     """Names of the resources under ``root`` (as ``view``, a :class:`.paths.PathView`, read it): a directory that has a pipe
     directory or a ``.started`` record (or, ``with_logs``, only its log directory left), at the first level and - nested
     names, ``example.com/infer`` - inside every directory of the first level, a resource's own included."""
@@ -35,7 +35,7 @@ def scan_resources(view: t.Any, root: str, with_logs: bool = False) -> t.List[st
         top_dir = os.path.join(root, top)
         if top.startswith('.') or top == SHM_DIR or view.islink(top_dir) or not view.isdir(top_dir):
             continue
-        if _is_resource_dir(view, top_dir, with_logs):
+        if _is_resource_dir(view, top_dir, with_logs=with_logs):
             names.append(top)
         try:
             second = view.listdir(top_dir)
@@ -45,12 +45,12 @@ def scan_resources(view: t.Any, root: str, with_logs: bool = False) -> t.List[st
             sub_dir = os.path.join(top_dir, sub)
             if sub in OWN_ENTRIES or sub.startswith('.') or view.islink(sub_dir) or not view.isdir(sub_dir):
                 continue
-            if _is_resource_dir(view, sub_dir, with_logs):
+            if _is_resource_dir(view, sub_dir, with_logs=with_logs):
                 names.append('%s/%s' % (top, sub))
     return [name for name in names if is_valid_name(name)]
 
 
-def _is_resource_dir(view: t.Any, path: str, with_logs: bool = False) -> bool:
+def _is_resource_dir(view: t.Any, path: str, *, with_logs: bool = False) -> bool:
     log = os.path.join(path, 'log')
     return (view.isdir(os.path.join(path, 'pipe')) or view.lexists(os.path.join(path, '.started'))
             or with_logs and view.isdir(log) and not view.islink(log))

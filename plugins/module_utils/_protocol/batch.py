@@ -47,7 +47,7 @@ class DaemonReadout:
     lspart_text: t.Optional[str] = None
 
 
-def batch_commands(ordinals: int, candidates: t.Sequence[int], partitions: bool = False) -> t.List[str]:
+def batch_commands(ordinals: int, candidates: t.Sequence[int], *, partitions: bool = False) -> t.List[str]:
     """Every read for one daemon: health and defaults, its server list, and each candidate server.
 
     Each candidate's percentage query comes last in its block, and the last block's is the last
@@ -80,7 +80,7 @@ def optional_percentage(reply: Reply) -> t.Optional[float]:
         return None
 
 
-def parse_batch(replies: t.Sequence[Reply], ordinals: int, candidates: t.Sequence[int], partitions: bool = False) -> DaemonReadout:
+def parse_batch(replies: t.Sequence[Reply], ordinals: int, candidates: t.Sequence[int], *, partitions: bool = False) -> DaemonReadout:
     """Turn the replies to :func:`batch_commands` into a readout; only listed servers are reported.
 
     The health answer and the server list must parse (else the binary or the daemon is broken: that
@@ -109,7 +109,7 @@ def parse_batch(replies: t.Sequence[Reply], ordinals: int, candidates: t.Sequenc
 
 
 def read_batch(query: t.Callable[[t.List[str]], t.List[Reply]], ordinals: int, candidates: t.Sequence[int],
-               partitions: bool = False) -> DaemonReadout:
+               *, partitions: bool = False) -> DaemonReadout:
     """Ask a daemon with ``ordinals`` devices everything at once (``query`` runs one UI process); ``partitions``: and
     its SM partitions (``lspart``), for a daemon started with -S."""
-    return parse_batch(query(batch_commands(ordinals, candidates, partitions)), ordinals, candidates, partitions)
+    return parse_batch(query(batch_commands(ordinals, candidates, partitions=partitions)), ordinals, candidates, partitions=partitions)

@@ -122,7 +122,7 @@ def validate_root(root: object, param: str = 'root') -> str:
     return normalised
 
 
-def resource_paths(root: str, name: str, check_length: bool = True) -> ResourcePaths:
+def resource_paths(root: str, name: str, *, check_length: bool = True) -> ResourcePaths:
     """Validate ``root`` and ``name`` and return the resource's paths.
 
     Fails when the pipe directory is longer than :data:`MAX_PIPE_DIR_BYTES`: the daemon could not bind
@@ -162,7 +162,7 @@ DEFAULT_CONTAINER_ROOT = '/mps'
 HOST_DEV_SHM = '/dev/shm'
 
 
-def container_view(paths: ResourcePaths, container_root: object = DEFAULT_CONTAINER_ROOT, shm: bool = False,
+def container_view(paths: ResourcePaths, container_root: object = DEFAULT_CONTAINER_ROOT, *, shm: bool = False,
                    param: str = 'container_root') -> t.Dict[str, t.Any]:
     """What a container client of this resource mounts and sets: the device plugin's ``ContainerRoot`` layout.
 

@@ -35,7 +35,7 @@ class RootLock:
     A root that does not exist has nothing to protect: no lock is taken.
     """
 
-    def __init__(self, root: str, exclusive: bool) -> None:
+    def __init__(self, root: str, *, exclusive: bool) -> None:
         self.root = root
         self.exclusive = exclusive
         self._fd: t.Optional[int] = None
@@ -133,8 +133,8 @@ class HostLock(RootLock):
 
     POLL = 0.05
 
-    def __init__(self, root: str, exclusive: bool, timeout: float, create: bool = False) -> None:
-        super().__init__(root, exclusive)
+    def __init__(self, root: str, *, exclusive: bool, timeout: float, create: bool = False) -> None:
+        super().__init__(root, exclusive=exclusive)
         self.timeout = timeout
         self.waited = False
         self.create = create

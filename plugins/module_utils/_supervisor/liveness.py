@@ -86,9 +86,9 @@ def inspect(paths: ResourcePaths, locks: t.Optional[t.List[str]] = None) -> Live
     elif holders:
         pid = holders[0]
     if pid is None:
-        return Liveness(False, None, pid_file_pid, leftovers)
+        return Liveness(running=False, pid=None, pid_file_pid=pid_file_pid, leftovers=leftovers)
     if os.path.lexists(paths.control_socket):
-        return Liveness(True, pid, pid_file_pid, leftovers)
+        return Liveness(running=True, pid=pid, pid_file_pid=pid_file_pid, leftovers=leftovers)
     evidence = []
     if pid in holders:
         evidence.append('holds %s' % os.path.join(paths.pipe_dir, LOCK_FILE))
@@ -98,7 +98,7 @@ def inspect(paths: ResourcePaths, locks: t.Optional[t.List[str]] = None) -> Live
                 'bind its socket, or a socket removed under a live daemon), so nothing was cleaned, stopped, started or '
                 'reset; find out what pid %d is doing (see %s) and stop it, then run again' % (
                     pid, ' and '.join(evidence), paths.control_socket, pid, os.path.join(paths.log_dir, 'control.log')))
-    return Liveness(False, pid, pid_file_pid, leftovers, conflict)
+    return Liveness(running=False, pid=pid, pid_file_pid=pid_file_pid, leftovers=leftovers, conflict=conflict)
 
 
 def _serves(pid: int, pipe_dir: str) -> t.Optional[bool]:

@@ -138,7 +138,7 @@ class Daemon:
     def lock(self) -> 'ResourceLock':
         return resource_lock(self.paths)
 
-    def start(self, uuids: t.Sequence[str], multiuser: bool, replay: t.Sequence[str] = ()) -> int:
+    def start(self, uuids: t.Sequence[str], *, multiuser: bool, replay: t.Sequence[str] = ()) -> int:
         """Run ``-d``, wait until the daemon answers, replay ``replay`` in the first UI session; return its pid."""
         argv = [self.binary, '-d']
         if multiuser:

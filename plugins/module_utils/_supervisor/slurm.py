@@ -88,7 +88,7 @@ class _Resource(t.NamedTuple):
     gpus: t.List[_Gpu]
 
 
-def _resources(resources: object, memory: bool, dirs: bool = True) -> t.List[_Resource]:
+def _resources(resources: object, *, memory: bool, dirs: bool = True) -> t.List[_Resource]:
     """The validated resources; every GPU index served by at most one of them. ``dirs``: check the directories."""
     if not isinstance(resources, (list, tuple)):
         raise MpsError('resources must be a list of resources, got %r' % (resources,))
@@ -215,7 +215,7 @@ exit 0
 """
 
 
-def render_task_prolog(root: str, resources: t.Sequence[t.Mapping[str, t.Any]], memory_share: bool = False) -> str:
+def render_task_prolog(root: str, resources: t.Sequence[t.Mapping[str, t.Any]], *, memory_share: bool = False) -> str:
     """A POSIX ``sh`` Slurm ``TaskProlog`` that points each MPS job at the daemon of its GPU.
 
     ``root`` is the daemons' root (named in the messages a failing job prints). ``resources``: one mapping per
@@ -230,7 +230,7 @@ def render_task_prolog(root: str, resources: t.Sequence[t.Mapping[str, t.Any]], 
     root = _path(root, 'root')
     if not isinstance(memory_share, bool):
         raise MpsError('memory_share must be true or false, got %r' % (memory_share,))
-    parsed = _resources(resources, memory_share)
+    parsed = _resources(resources, memory=memory_share)
     cases = []
     served = []
     for resource in parsed:

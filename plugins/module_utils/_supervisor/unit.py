@@ -150,7 +150,7 @@ PIDFile={pid_file}
 """
 
 
-def _unit_path(path: str, in_list: bool = False) -> str:
+def _unit_path(path: str, *, in_list: bool = False) -> str:
     """A path as a unit file carries it (``%`` doubled: a specifier otherwise), or a refusal for what it cannot carry.
 
     Settings that take a space-separated list (``BindPaths=``, ``RequiresMountsFor=``) carry neither a space nor,
@@ -235,7 +235,7 @@ def render_env(resource: str, values: t.Mapping[str, str]) -> str:
 SMI_MODE = {'exclusive_process': 'EXCLUSIVE_PROCESS', 'default': 'DEFAULT'}
 
 
-def unit_environment(paths: ResourcePaths, config: ConfigPaths, uuids: t.Sequence[str], multiuser: bool, compute_mode: str,
+def unit_environment(paths: ResourcePaths, config: ConfigPaths, uuids: t.Sequence[str], *, multiuser: bool, compute_mode: str,
                      control_binary: str, nvidia_smi: t.Optional[str], stop_timeout: int, log_mode: int,
                      selinux_type: str = '', foreground: bool = False) -> t.Dict[str, str]:
     """The instance's environment file: the contract between this collection and the unit template above."""

@@ -53,7 +53,7 @@ def _run(out):
 def test_a_teardown_stops_the_check_in_progress_with_the_timer_before_anything_else(tmp_path):
     around, systemctl = _around(tmp_path, active=True)
     out = Outcome()
-    around.health(out, False)
+    around.health(out, wanted_here=False)
     assert [(change.kind, change.action) for change in out.changes][0] == ('unit', 'stop and disable %s' % HEALTH_TIMER)
     _run(out)
     assert systemctl.calls[:3] == ['stop %s' % HEALTH_TIMER, 'stop %s' % HEALTH_SERVICE, 'disable %s' % HEALTH_TIMER]
@@ -64,7 +64,7 @@ def test_a_run_that_brings_daemons_down_pauses_the_timer_and_its_check_and_start
     around, systemctl = _around(tmp_path, active=True)
     head, tail = Outcome(), Outcome()
     assert around.pause_health(head) is True
-    around.health(tail, True, paused=True)
+    around.health(tail, wanted_here=True, paused=True)
     assert [(change.kind, change.action) for change in head.changes] == [('unit', 'stop %s' % HEALTH_TIMER)]
     assert 'write %s back' % around.ready_path in head.changes[0].reason
     assert [(change.kind, change.action, change.reason) for change in tail.changes] == [
@@ -81,5 +81,5 @@ def test_a_timer_that_is_not_running_is_not_paused_and_a_run_without_a_pause_lea
     assert around.pause_health(head) is False and not head.changes
     around, systemctl = _around(tmp_path, active=True)
     tail = Outcome()
-    around.health(tail, True)
+    around.health(tail, wanted_here=True)
     assert not tail.changes and not systemctl.calls

@@ -59,7 +59,7 @@ def test_a_missing_metrics_directory_is_made(tmp_path):
         os.chmod(path, 0o755 if path == script else 0o644)
     _see(around)
     out = Outcome()
-    around.health(out, True)
+    around.health(out, wanted_here=True)
     assert [change.action for change in out.changes] == ['create %s' % (tmp_path / 'metrics')]
 
 
@@ -77,12 +77,12 @@ def test_a_textfile_of_an_earlier_directory_goes_when_the_metrics_move_or_stop(t
         around._health_files = lambda wanted=wanted: _health_files(tmp_path, script, wanted)  # pylint: disable=protected-access
         _see(around)
         out = Outcome()
-        around.health(out, True)
+        around.health(out, wanted_here=True)
         assert 'remove %s' % (old_dir / METRICS_FILE) in [change.action for change in out.changes], out.changes
     # the same directory: nothing to remove
     around = _around(tmp_path, str(old_dir))
     around._health_files = lambda: _health_files(tmp_path, script, str(old_dir))  # pylint: disable=protected-access
     _see(around)
     out = Outcome()
-    around.health(out, True)
+    around.health(out, wanted_here=True)
     assert not [change for change in out.changes if change.action.startswith('remove')]

@@ -17,7 +17,7 @@ PIPE = '/run/nvidia/mps/nvidia.com/gpu/pipe'
 
 def view(name: str = 'nvidia.com/gpu', root: str = '/run/nvidia/mps', shm: bool = True, croot: str = '/mps') -> dict:
     """The view exactly as mps_info and mps_daemon return it (through JSON, as a playbook hands it on)."""
-    return json.loads(json.dumps(container_view(resource_paths(root, name), croot, shm)))
+    return json.loads(json.dumps(container_view(resource_paths(root, name), croot, shm=shm)))
 
 
 def test_the_shared_tmpfs_becomes_dev_shm_and_the_pipe_directory_is_mounted_read_only():

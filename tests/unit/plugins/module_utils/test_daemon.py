@@ -396,7 +396,7 @@ def test_a_start_with_an_option_the_binary_does_not_know_fails_at_once_with_its_
     daemon = _daemon.Daemon(paths, str(binary), start_timeout=30, stop_timeout=0)
     started = time.monotonic()
     with pytest.raises(ControlBinaryError, match=r"does not know an option of .* -d -S: it printed 'Unrecognized option'"):
-        daemon.start(['GPU-a'], False, ['sm_partition add GPU-a 4'])
+        daemon.start(['GPU-a'], multiuser=False, replay=['sm_partition add GPU-a 4'])
     assert time.monotonic() - started < 10
     assert (tmp_path / 'argv').read_text().split() == ['-d', '-S']
 

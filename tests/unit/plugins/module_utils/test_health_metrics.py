@@ -309,7 +309,8 @@ class Host:
         config = config_paths(self.etc, name)
         for directory in (paths.pipe_dir, paths.log_dir):
             os.makedirs(directory, exist_ok=True)
-        values = unit_environment(paths, config, uuids, False, 'exclusive_process', binary or self.binary, None, 10, 0o700)
+        values = unit_environment(paths, config, uuids, multiuser=False, compute_mode='exclusive_process',
+                                  control_binary=binary or self.binary, nvidia_smi=None, stop_timeout=10, log_mode=0o700)
         try:
             text = render_env(name, values)
         except MpsError:  # a value the collection never writes (a quote in the root): as a hand-edited file has it

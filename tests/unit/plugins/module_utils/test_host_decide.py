@@ -26,7 +26,7 @@ READY = [
 
 @pytest.mark.parametrize('absent, listed, down, enabled, exists, expected', [row[1:] for row in READY], ids=[row[0] for row in READY])
 def test_decide_ready_table(absent, listed, down, enabled, exists, expected):
-    assert decide_ready(absent, listed, down, enabled, exists) == expected
+    assert decide_ready(absent=absent, listed=listed, down=down, enabled=enabled, exists=exists) == expected
 
 
 def test_the_mark_never_stands_over_a_down_resource():
@@ -36,7 +36,7 @@ def test_the_mark_never_stands_over_a_down_resource():
     for absent, enabled, exists in itertools.product([False, True], repeat=3):
         for listed in ([], ['a'], names):
             for down in ([], ['a'], ['b'], names):
-                decision = decide_ready(absent, listed, down, enabled, exists)
+                decision = decide_ready(absent=absent, listed=listed, down=down, enabled=enabled, exists=exists)
                 if not enabled:
                     continue
                 during = exists and decision.withdraw is None  # the old mark stays during the run

@@ -45,7 +45,7 @@ class Host:
     def run(self, resources, check=False, **options):
         params = dict(self.params, resources=resources, **options)
         with _gpus.Nvml() as nvml:
-            return HostManager(params, nvml, control_binary, check, unit_dir=self.unit_dir).ensure(nvml.gpus())
+            return HostManager(params, nvml, control_binary, check_mode=check, unit_dir=self.unit_dir).ensure(nvml.gpus())
 
     def uuids(self):
         with _gpus.Nvml() as nvml:
@@ -270,7 +270,7 @@ def dying(out):
     os.kill(os.getpid(), signal.SIGKILL)
 _execute.execute = dying
 with _gpus.Nvml() as nvml:
-    HostManager(params, nvml, control_binary, False).ensure(nvml.gpus())
+    HostManager(params, nvml, control_binary, check_mode=False).ensure(nvml.gpus())
 """
 
 
@@ -521,7 +521,7 @@ def test_a_decision_is_the_same_when_the_host_is_torn_down_after_the_view_was_re
     wanted = [{'name': 'train', 'devices': [0]}, {'name': 'tune', 'devices': [1], 'active_thread_percentage': 40}]
     params = dict(host.params, resources=wanted)
     with _gpus.Nvml() as nvml:
-        manager = HostManager(params, nvml, control_binary, True, unit_dir=host.unit_dir)
+        manager = HostManager(params, nvml, control_binary, check_mode=True, unit_dir=host.unit_dir)
         listed = manager.validate(nvml.gpus())
         removed = manager.observe(listed)
         view = manager.view
@@ -531,7 +531,7 @@ def test_a_decision_is_the_same_when_the_host_is_torn_down_after_the_view_was_re
         subprocess.run(['umount', '-l', os.path.join(host.root, 'shm')], capture_output=True, check=False)
         shutil.rmtree(host.root)
         shutil.rmtree(host.params['config_dir'])
-        again = HostManager(params, nvml, control_binary, True, unit_dir=host.unit_dir)
+        again = HostManager(params, nvml, control_binary, check_mode=True, unit_dir=host.unit_dir)
         second = again.decide(again.validate(nvml.gpus()), again.removed_setups(view, listed), view)
     assert removed and [change.as_dict() for change in second.changes] == [change.as_dict() for change in first.changes]
     assert second.warnings == first.warnings and first.changes

@@ -435,7 +435,7 @@ def test_the_facts_are_rendered_from_a_hand_built_view_alone(monkeypatch):
     monkeypatch.setattr(os, 'listdir', _refuse)
     monkeypatch.setattr('builtins.open', _refuse)
     request = _info.InfoRequest(root, etc, None, frozenset(_info.GATHER_CHOICES), '/bin/nvidia-cuda-mps-control', 10)
-    facts, warnings = render(request, view, {'available': True}, False)
+    facts, warnings = render(request, view, {'available': True}, enumeration_set=False)
     (daemon,) = facts['daemons']
     assert (daemon['name'], daemon['pid'], daemon['healthy'], daemon['started_at']) == ('train', 4100, True, 'then')
     assert daemon['limits']['reported']['active_thread_percentage'] == 25.0

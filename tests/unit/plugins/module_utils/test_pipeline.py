@@ -35,7 +35,7 @@ def test_the_per_resource_modules_decide_from_their_view_alone(simhost, decide_g
         setup = _setup(simhost, supervisor, state)
         with Nvml() as nvml:
             for check in (True, False):
-                out = setup.manager(nvml, check).ensure(state, [0, 1], multiuser=False, compute_mode='exclusive_process', enabled=True)
+                out = setup.manager(nvml, check_mode=check).ensure(state, [0, 1], multiuser=False, compute_mode='exclusive_process', enabled=True)
             changed.append(out.changed)
         if state != 'stopped':
             paths = setup.paths
@@ -51,10 +51,10 @@ def test_the_per_resource_modules_decide_from_their_view_alone(simhost, decide_g
         fstab.write_text('')
         for state in ('mounted', 'mounted', 'absent'):
             for check in (True, False):
-                ShmManager(str(simhost / 'root'), 'fstab', str(fstab), str(simhost / 'units'), check, Mounter()).ensure(state, '64m')
+                ShmManager(str(simhost / 'root'), 'fstab', str(fstab), str(simhost / 'units'), check_mode=check, mounter=Mounter()).ensure(state, '64m')
     setup = _setup(simhost, supervisor, 'absent')
     with Nvml() as nvml:
         for check in (True, False):
-            out = setup.manager(nvml, check).ensure('absent', 'all', multiuser=False, compute_mode='exclusive_process', enabled=False)
+            out = setup.manager(nvml, check_mode=check).ensure('absent', 'all', multiuser=False, compute_mode='exclusive_process', enabled=False)
     assert out.changed and not os.path.exists(setup.paths.pipe_dir)
     assert decide_guard['decisions'] >= 26  # every ensure above decided (and raised on no I/O)

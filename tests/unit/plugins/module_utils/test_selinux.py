@@ -156,8 +156,8 @@ class _Mounter:
 
 def _shm_manager(tmp_path, check_mode=False, selinux_type='container_file_t'):
     from ansible_collections.gpufleet.mps.plugins.module_utils import _shm
-    return _shm.ShmManager(str(tmp_path / 'root'), 'none', str(tmp_path / 'fstab'), str(tmp_path), check_mode, _Mounter(),
-                           (4096, 1024 * 1024), selinux_type=selinux_type)
+    return _shm.ShmManager(str(tmp_path / 'root'), 'none', str(tmp_path / 'fstab'), str(tmp_path), check_mode=check_mode, mounter=_Mounter(),
+                           pages=(4096, 1024 * 1024), selinux_type=selinux_type)
 
 
 def test_the_shared_tmpfs_is_labelled_after_its_mount_then_left_alone(fake, tmp_path, monkeypatch):

@@ -201,8 +201,8 @@ def test_systemd_persistence_writes_enables_and_removes_the_unit(tmp_path, monke
     units = tmp_path / 'units'
 
     def manager(persist, check_mode=False):
-        return _shm.ShmManager(str(tmp_path / 'root'), persist, str(fstab), str(units), check_mode, FakeMounter(),
-                               PAGES, systemctl=systemctl)
+        return _shm.ShmManager(str(tmp_path / 'root'), persist, str(fstab), str(units), check_mode=check_mode, mounter=FakeMounter(),
+                               pages=PAGES, systemctl=systemctl)
 
     unit_file = units / _shm.mount_unit_name(str(tmp_path / 'root' / 'shm'))
     checked = manager('systemd', check_mode=True).ensure('mounted', '64m')
@@ -221,7 +221,7 @@ def test_absent_unmounts_and_a_resize_remounts(tmp_path, monkeypatch):
     monkeypatch.setattr(_shm, 'current_state', lambda path, pages=None, **kwargs: _shm.ShmState(True, 1024, ['rw'], '1777'))
     mounter = FakeMounter()
     fstab = tmp_path / 'fstab'
-    manager = _shm.ShmManager(str(tmp_path / 'root'), 'none', str(fstab), str(tmp_path), False, mounter, PAGES)
+    manager = _shm.ShmManager(str(tmp_path / 'root'), 'none', str(fstab), str(tmp_path), check_mode=False, mounter=mounter, pages=PAGES)
     resized = manager.ensure('mounted', '64m')
     assert mounter.calls == [('remount', str(tmp_path / 'root' / 'shm'), 65536)]
     assert resized.before['size_kib'] == 1024 and resized.after['size_kib'] == 65536

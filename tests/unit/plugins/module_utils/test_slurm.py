@@ -70,7 +70,7 @@ class Host:
     def prolog(self, memory_share=False, resources=None):
         path = os.path.join(self.root, 'task_prolog.sh')
         with open(path, 'w', encoding='utf-8') as handle:
-            handle.write(render_task_prolog(self.root, self.resources if resources is None else resources, memory_share))
+            handle.write(render_task_prolog(self.root, self.resources if resources is None else resources, memory_share=memory_share))
         return path
 
     def stop(self):
@@ -270,7 +270,7 @@ def test_the_prolog_is_posix_sh_and_says_who_manages_it(host):
 ])
 def test_bad_input_is_refused_naming_what_is_wrong(root, resources, memory_share, message):
     with pytest.raises(MpsError) as caught:
-        render_task_prolog(root, resources, memory_share)
+        render_task_prolog(root, resources, memory_share=memory_share)
     assert message in caught.value.msg
 
 

@@ -198,10 +198,11 @@ def test_the_foreground_dropin_runs_the_daemon_with_f_under_type_exec_and_replay
 def test_the_foreground_flag_is_in_the_environment_only_when_set():
     from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import config_paths, resource_paths
     paths, config = resource_paths('/run/nvidia/mps', 'train'), config_paths('/etc/gpufleet-mps', 'train')
-    plain = _systemd.unit_environment(paths, config, ['GPU-a'], False, 'default', '/bin/c', None, 5, 0o700)
+    plain = _systemd.unit_environment(paths, config, ['GPU-a'], multiuser=False, compute_mode='default', control_binary='/bin/c',
+                                      nvidia_smi=None, stop_timeout=5, log_mode=0o700)
     assert 'MPS_FOREGROUND' not in plain  # environment files written before the option stay as they are: no restart
-    assert _systemd.unit_environment(paths, config, ['GPU-a'], False, 'default', '/bin/c', None, 5, 0o700,
-                                     foreground=True)['MPS_FOREGROUND'] == '1'
+    assert _systemd.unit_environment(paths, config, ['GPU-a'], multiuser=False, compute_mode='default', control_binary='/bin/c',
+                                     nvidia_smi=None, stop_timeout=5, log_mode=0o700, foreground=True)['MPS_FOREGROUND'] == '1'
     assert 'MPS_FOREGROUND' in _systemd.RESTART_ENV
 
 
