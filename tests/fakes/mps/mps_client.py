@@ -171,7 +171,8 @@ def main(argv: list[str]) -> int:
     hello = {'type': 'client', 'devices': devices, 'cmdline': cmdline, 'argv0': argv[0] if argv else '',
              'env_pct': os.environ.get('CUDA_MPS_ACTIVE_THREAD_PERCENTAGE'),
              'env_mem': os.environ.get('CUDA_MPS_PINNED_DEVICE_MEM_LIMIT'),
-             'sm_partition': os.environ.get('CUDA_MPS_SM_PARTITION')}
+             'sm_partition': os.environ.get('CUDA_MPS_SM_PARTITION'),
+             'env_priority': os.environ.get('CUDA_MPS_CLIENT_PRIORITY')}
     try:
         sock.send(json.dumps(hello).encode())
     except OSError as exc:

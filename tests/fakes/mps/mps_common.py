@@ -72,6 +72,13 @@ SWITCHES: dict[str, tuple[str, tuple[str, ...]]] = {
     # lspart's layout (binary 13010 and later, not recorded): NVIDIA's documented example ('docs', '-' placeholders) or
     # the five-number rows client code parses ('code')
     'FAKE_MPS_LSPART': ('code', ('code', 'docs')),
+    # MPS v3 (binary 13040 and later, mps_v3.py; none recorded): an error in the -a file ends the start or skips the
+    # item; how a CSV list quotes a cell with commas (a multi-GPU allowed-devices); which spelling `get` takes for
+    # pipe-directory; what a v3 daemon answers to a legacy (stdin) command
+    'FAKE_MPS_V3_CONFIG_ERROR': ('abort', ('abort', 'skip')),
+    'FAKE_MPS_V3_LIST_QUOTE': ('quoted', ('quoted', 'semicolon')),
+    'FAKE_MPS_V3_FIELD_SPELLING': ('dash', ('dash', 'underscore')),
+    'FAKE_MPS_V3_LEGACY_UI': ('refuse', ('refuse', 'serve')),
     # read by each mps_client.py process (it keeps its own copy of the values: it stands alone)
     'FAKE_MPS_CLIENT_ON_SERVER_LOSS': ('lives', ('lives', 'exits')),
 }

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable, Optional, TextIO
+from typing import Any, Callable, Optional, TextIO
 
 PR_SET_NAME = 15  # prctl(2)
 
@@ -40,6 +40,7 @@ from mps_common import (  # noqa: E402  pylint: disable=wrong-import-position
     PID_FILE, SUN_PATH_MAX, DEFAULT_LOG_DIR, DEFAULT_PIPE_DIR, SwitchError, quit_removes, recv_msg, send_msg, switch,
 )
 from mps_partitions import Partition, StaticPartitions, supported as partitions_supported  # noqa: E402  pylint: disable=wrong-import-position
+from mps_v3 import ProtocolThree  # noqa: E402  pylint: disable=wrong-import-position
 
 # --------------------------------------------------------------------------
 # GPUs: the [gpuN] sections of FAKE_NVML_CONFIG, filtered by CUDA_VISIBLE_DEVICES
@@ -417,6 +418,10 @@ class DaemonConfig:  # pylint: disable=too-many-instance-attributes
     fault_kill_on: str
     shm: str
     lspart: str
+    v3_config_error: str
+    v3_list_quote: str
+    v3_field_spelling: str
+    v3_legacy_ui: str
 
     def __init__(self, **values: object) -> None:
         self.__dict__.update(values)
@@ -473,6 +478,10 @@ class DaemonConfig:  # pylint: disable=too-many-instance-attributes
             fault_kill_on=kill_on,
             shm=switch('FAKE_MPS_SHM', env),
             lspart=switch('FAKE_MPS_LSPART', env),
+            v3_config_error=switch('FAKE_MPS_V3_CONFIG_ERROR', env),
+            v3_list_quote=switch('FAKE_MPS_V3_LIST_QUOTE', env),
+            v3_field_spelling=switch('FAKE_MPS_V3_FIELD_SPELLING', env),
+            v3_legacy_ui=switch('FAKE_MPS_V3_LEGACY_UI', env),
         )
 
 
@@ -514,6 +523,8 @@ class ClientRec:  # pylint: disable=too-many-instance-attributes,too-few-public-
         self.mem: dict[int, Optional[int]] = {}
         self.priority = 0
         self.partition: Optional[Partition] = None  # its CUDA_MPS_SM_PARTITION on a static daemon
+        self.env_priority: Optional[str] = None  # protocol 3: its CUDA_MPS_CLIENT_PRIORITY
+        self.v3_route: tuple[str, str] = ('', '')  # protocol 3: (server, namespace)
 
 
 class ServerRec:  # pylint: disable=too-many-instance-attributes,too-few-public-methods
@@ -534,13 +545,19 @@ class ServerRec:  # pylint: disable=too-many-instance-attributes,too-few-public-
         self.became_active = False
         self.next_context = 0
         self.exited = False
+        self.v3: Any = None  # protocol 3: its named server (mps_v3.Server)
 
 
-class Daemon(StaticPartitions):
+class Daemon(StaticPartitions, ProtocolThree):  # pylint: disable=too-many-public-methods
     """The control daemon: sockets, lock, logs, servers, clients, UI commands."""
 
-    def __init__(self, cfg: DaemonConfig, multiuser: bool, foreground: bool, static: bool = False) -> None:
+    def __init__(self, cfg: DaemonConfig, multiuser: bool, foreground: bool, static: bool = False,  # pylint: disable=too-many-arguments
+                 protocol: int = 2, apply: Optional[str] = None) -> None:
         self.cfg = cfg
+        # -p 3 (mps_v3.py): named servers and namespaces; apply: the -a file, read once at start
+        self.protocol = protocol
+        self.apply = apply
+        self.v3_init()
         self.multiuser = multiuser
         # -S: static SM partitions (mps_partitions.py)
         self.static = static
@@ -698,11 +715,25 @@ class Daemon(StaticPartitions):
         except OSError as exc:
             self.log(f'Failed to set up {pipe}: {exc.strerror}')
             return 1, f'Failed to set up {pipe}: {exc.strerror}'
-        self.log(f'To connect CUDA applications to this daemon, set env CUDA_MPS_PIPE_DIRECTORY={pipe}')
+        if self.protocol == 3:  # v3's wording (V3I) [ref 1.1]
+            self.log(f'To connect CUDA applications to this daemon, set CUDA_MPS_PIPE_DIRECTORY={pipe}')
+        else:
+            self.log(f'To connect CUDA applications to this daemon, set env CUDA_MPS_PIPE_DIRECTORY={pipe}')
         if self.cfg.driver_major >= DRIVER_BINARY_VERSION_LINE:
             self.log(f'CUDA MPS Control binary version: {self.cfg.cuda_version}')
         self.wake_r, self.wake_w = os.pipe()
         threading.Thread(target=self.fifo_reader, daemon=True).start()
+        if self.protocol == 3 and self.apply:
+            with self.lock:
+                refusal = self.v3_apply(self.apply)
+            if refusal:  # FAKE_MPS_V3_CONFIG_ERROR=abort [I]: the start ends, nothing of the file stays running
+                self.log(refusal)
+                with self.lock:
+                    for server in list(self.v3.values()):
+                        self._remove_server(server)
+                        if server.rec is not None:
+                            server.rec.proc.kill()
+                return 1, refusal
         return 0, warning
 
     def check_dirs(self) -> tuple[Optional[str], Optional[str]]:
@@ -856,8 +887,9 @@ class Daemon(StaticPartitions):
         """Wake the accept loop so that it ends."""
         os.write(self.wake_w, b'x')
 
-    def handle_conn(self, conn: socket.socket) -> None:
-        """First message says who connects: a UI, a client or a server."""
+    def handle_conn(self, conn: socket.socket, route: Optional[tuple[str, str]] = None) -> None:
+        """First message says who connects: a UI, a client or a server; ``route``: the v3 server and namespace whose
+        socket it came by (None: the main socket)."""
         self.log('Accepting connection...')
         try:
             pid, uid, _gid = peer_credentials(conn)
@@ -870,7 +902,7 @@ class Daemon(StaticPartitions):
             if kind == 'ui':
                 self.handle_ui(conn, uid)
             elif kind == 'client' and hello is not None:
-                self.handle_client(conn, pid, uid, hello)
+                self.handle_client(conn, pid, uid, hello, route)
             elif kind == 'server':
                 self.handle_server(conn, pid)
             else:
@@ -901,6 +933,24 @@ class Daemon(StaticPartitions):
                 self.log('UI closed')
                 send_msg(conn, {'bye': True})
                 return
+            if isinstance(msg.get('v3'), list) and self.protocol == 3:
+                words = [str(w) for w in msg['v3']]
+                self.log(f'Cmd:{" ".join(words)}')
+                if words == ['quit']:  # -q/--quit: the daemon and all its servers
+                    msg = {'cmd': 'quit'}
+                else:
+                    with self.lock:
+                        code, text = self.v3_execute(words, uid)
+                    send_msg(conn, {'out': text, 'rc': code})
+                    continue
+            elif isinstance(msg.get('v3'), list):  # a v3 verb sent to a v2 daemon is read as v2 input [ref 1.1, I]
+                msg = {'cmd': ' '.join(str(w) for w in msg['v3'])}
+            elif (isinstance(msg.get('cmd'), str) and self.protocol == 3 and self.cfg.v3_legacy_ui == 'refuse'
+                  and not msg['cmd'].startswith('sim_')):  # the simulator's own commands answer on every protocol
+                name = (msg['cmd'].split() or [''])[0]
+                self.log(f'Cmd:{msg["cmd"]}')
+                send_msg(conn, {'out': f'Unknown command "{name}"', 'rc': 0})  # [I]: as r580's unknown word
+                continue
             if not isinstance(msg.get('cmd'), str):
                 continue
             line = msg['cmd']
@@ -1276,6 +1326,8 @@ class Daemon(StaticPartitions):
                         for s in self._alive_servers()],
             'pending': [c.pid for c in self.pending],
             'static_partitioning': self.static,
+            'protocol': self.protocol,
+            'v3_servers': self.v3_state(),
             'partitions': [{'id': p.value, 'chunks': p.chunks, 'sms': p.sms, 'clients': sorted(p.clients)} for p in self.partitions],
         }
         return json.dumps(state, sort_keys=True)
@@ -1335,6 +1387,12 @@ class Daemon(StaticPartitions):
                 pass
         for client in list(srv.clients):
             self._drop_client(client, 'CUDA_ERROR_MPS_RPC_FAILURE', 'the MPS server exited')
+        if srv.v3 is not None:
+            for client in [c for c in self.pending if c.server is srv]:
+                self._drop_client(client, 'CUDA_ERROR_NO_DEVICE', 'the MPS server exited')
+            self.v3_server_exited(srv)
+            self.cond.notify_all()
+            return
         if not srv.became_active:
             failures = self.start_failures.get(srv.uid, 0) + 1
             self.start_failures[srv.uid] = failures
@@ -1363,13 +1421,14 @@ class Daemon(StaticPartitions):
     def _server_config(self, srv: ServerRec) -> dict:
         fail = None
         modes = {g.index: g.compute_mode for g in load_gpus(self.cfg.nvml_config)}
-        if not self.cfg.gpus:
+        gpus = srv.v3.gpus if srv.v3 is not None else self.cfg.gpus  # a named server: its allowed devices
+        if not gpus:
             fail = 'no CUDA-capable device is detected'
-        elif any(modes.get(g.index) == 'prohibited' for g in self.cfg.gpus):
+        elif any(modes.get(g.index) == 'prohibited' for g in gpus):
             fail = 'all CUDA-capable devices are busy or unavailable'
         return {
             'cmd': 'config', 'fail': fail, 'version': self.cfg.cuda_version,
-            'devices': [{'ordinal': i, 'name': g.name, 'uuid': g.uuid} for i, g in enumerate(self.cfg.gpus)],
+            'devices': [{'ordinal': i, 'name': g.name, 'uuid': g.uuid} for i, g in enumerate(gpus)],
             'pct': srv.pct, 'priority': srv.priority, 'legacy': self.legacy,
             'mem': {str(ordinal): mib for ordinal, mib in sorted(self._applied_mem(srv.mem).items())},
         }
@@ -1412,10 +1471,22 @@ class Daemon(StaticPartitions):
                 return srv
         return None
 
-    def handle_client(self, conn: socket.socket, pid: int, uid: int, hello: dict) -> None:
-        """A CUDA client: wait for a server of its uid, attach, then hold until it disconnects."""
+    def handle_client(self, conn: socket.socket, pid: int, uid: int, hello: dict,  # pylint: disable=too-many-arguments
+                      route: Optional[tuple[str, str]] = None) -> None:
+        """A CUDA client: wait for a server of its uid (protocol 3: of the socket it came by), attach, then hold until
+        it disconnects."""
         devices = hello.get('devices')
-        ndev = len(self.cfg.gpus)
+        v3_server = None
+        if self.protocol == 3:
+            with self.lock:
+                v3_server, v3_namespace, refused = self.v3_route(route, uid)
+            if v3_server is None:
+                error = 'CUDA_ERROR_NOT_PERMITTED' if refused == 'operation not permitted' else 'CUDA_ERROR_MPS_CONNECTION_FAILED'
+                self.log(f'NEW CLIENT {pid} from user {uid}: {refused}')
+                send_msg(conn, {'ok': False, 'error': error, 'message': refused})
+                return
+        gpus = v3_server.gpus if v3_server is not None else self.cfg.gpus
+        ndev = len(gpus)
         if devices is None:
             devices = list(range(ndev))
         env_mem_raw = hello.get('env_mem') or {}
@@ -1425,7 +1496,11 @@ class Daemon(StaticPartitions):
         if isinstance(hello.get('env_pct'), str):
             client.env_pct = parse_percentage(hello['env_pct'])
         if isinstance(env_mem_raw, str):
-            client.env_mem = parse_env_mem(env_mem_raw, self.cfg.gpus)
+            client.env_mem = parse_env_mem(env_mem_raw, gpus)
+        if v3_server is not None:
+            client.v3_route = (v3_server.name, v3_namespace)
+            client.server = v3_server.rec
+            client.env_priority = hello.get('env_priority')
         # as real logs show it (reference section 7): a client in another pid namespace (a container)
         # as pid 0, and every client of a -multiuser-server daemon as user 0 (a namespace that cannot
         # be read, '-', is taken for the daemon's own)
@@ -1454,7 +1529,7 @@ class Daemon(StaticPartitions):
                 self.log(f'{who}: operation not permitted')
                 send_msg(conn, {'ok': False, 'error': 'CUDA_ERROR_NOT_PERMITTED', 'message': 'operation not permitted'})
                 return
-            srv = self._accepting(self._target_uid(client))
+            srv = client.server if v3_server is not None else self._accepting(self._target_uid(client))
             if srv is not None and srv.state == 'ACTIVE':
                 self.log(f'{who}: Server already exists')
             else:
@@ -1474,9 +1549,12 @@ class Daemon(StaticPartitions):
             self.cond.notify_all()
 
     def _attach(self, client: ClientRec, srv: ServerRec) -> None:
+        gpus = srv.v3.gpus if srv.v3 is not None else self.cfg.gpus
         for ordinal in client.devices:
-            used = sum(1 for s in self._alive_servers() for c in s.clients if ordinal in c.devices)
-            if used >= self.cfg.gpus[ordinal].max_clients:
+            gpu = gpus[ordinal]
+            used = sum(1 for s in self._alive_servers() for c in s.clients
+                       if gpu in [(s.v3.gpus if s.v3 is not None else self.cfg.gpus)[d] for d in c.devices])
+            if used >= gpu.max_clients:
                 self.log(f'Client {client.pid} rejected: maximum number of clients reached on device {ordinal}')
                 self._drop_client(client, 'CUDA_ERROR_MPS_MAX_CLIENTS_REACHED',
                                   'the hardware resources required to create MPS client have been exhausted')
@@ -1490,7 +1568,9 @@ class Daemon(StaticPartitions):
         if client.partition is not None:
             client.partition.clients.add(client.pid)
         client.mem = {ordinal: None for ordinal in client.devices}
-        if self.legacy:  # limits are Volta features: a legacy server applies none
+        if srv.v3 is not None:  # its namespace's limits, lowered by its own variables (mps_v3.py)
+            self.v3_limits(srv.v3, client.v3_route[1], client, client.env_priority)
+        elif self.legacy:  # limits are Volta features: a legacy server applies none
             client.pct = 100.0
         else:
             client.pct = srv.pct if client.env_pct is None else min(srv.pct, client.env_pct)
@@ -1505,8 +1585,10 @@ class Daemon(StaticPartitions):
             'ok': True, 'client_pid': client.pid, 'client_uid': client.uid, 'server_pid': srv.pid, 'uid': srv.uid,
             'context_id': client.context_id, 'active_thread_percentage': client.pct, 'client_priority': client.priority,
             'pinned_mem_limit_mib': {str(k): v for k, v in client.mem.items()},
-            'devices': [{'ordinal': i, 'uuid': self.cfg.gpus[i].uuid, 'name': self.cfg.gpus[i].name} for i in client.devices],
+            'devices': [{'ordinal': i, 'uuid': gpus[i].uuid, 'name': gpus[i].name} for i in client.devices],
         }
+        if srv.v3 is not None:
+            reply.update(server=srv.v3.name, namespace=client.v3_route[1])
         if client.partition is not None:  # a client of a -S daemon: its partition and the SMs it got
             reply.update(sm_partition=client.partition.value, sms=client.partition.sms)
         if not send_msg(client.conn, reply):
@@ -1544,6 +1626,14 @@ class Daemon(StaticPartitions):
     def _schedule(self) -> None:
         """Attach pending clients; start, retire or switch servers (lock held)."""
         if self.quitting:
+            return
+        if self.protocol == 3:  # named servers run side by side: a pending client waits only for its own
+            for client in list(self.pending):
+                if client.server is not None and client.server.state == 'ACTIVE':
+                    self._attach(client, client.server)
+            for srv in self._alive_servers():
+                if srv.draining and not srv.clients:
+                    self._send_shutdown(srv)
             return
         switching = False
         for client in list(self.pending):
@@ -1594,8 +1684,10 @@ def _pid_namespace(pid: int) -> str:
 # Daemon start: -d / -f
 # --------------------------------------------------------------------------
 
-def start_daemon(foreground: bool, multiuser: bool, static: bool = False) -> int:
-    """``-d`` (parent exits 0 once the daemon listens) or ``-f``; ``static``: ``-S``."""
+def start_daemon(foreground: bool, multiuser: bool, static: bool = False, protocol: int = 2,  # pylint: disable=too-many-arguments
+                 apply: Optional[str] = None) -> int:
+    """``-d`` (parent exits 0 once the daemon listens) or ``-f``; ``static``: ``-S``; ``protocol`` 3 with ``-p 3``,
+    ``apply``: the ``-a`` file (mps_v3.py)."""
     try:
         cfg = DaemonConfig.from_env()
     except SwitchError as exc:
@@ -1611,7 +1703,7 @@ def start_daemon(foreground: bool, multiuser: bool, static: bool = False) -> int
     # modules find foreign daemons by these (argv[0] stays the interpreter's: README.md).
     _set_process_name(b'nvidia-cuda-mps')
     if foreground:
-        daemon = Daemon(cfg, multiuser, foreground=True, static=static)
+        daemon = Daemon(cfg, multiuser, foreground=True, static=static, protocol=protocol, apply=apply)
         code, message = daemon.setup()
         if message:
             print(message, flush=True)
@@ -1626,7 +1718,7 @@ def start_daemon(foreground: bool, multiuser: bool, static: bool = False) -> int
         os.setsid()
         if os.fork() != 0:
             os._exit(0)  # pylint: disable=protected-access
-        _become_daemon(cfg, multiuser, write_fd, static)
+        _become_daemon(cfg, multiuser, write_fd, static, protocol, apply)
     os.close(write_fd)
     os.waitpid(child, 0)
     data = b''
@@ -1654,7 +1746,8 @@ def _set_process_name(name: bytes) -> None:
         pass
 
 
-def _become_daemon(cfg: DaemonConfig, multiuser: bool, write_fd: int, static: bool = False) -> None:
+def _become_daemon(cfg: DaemonConfig, multiuser: bool, write_fd: int, static: bool = False,  # pylint: disable=too-many-arguments
+                   protocol: int = 2, apply: Optional[str] = None) -> None:
     """The grandchild of ``-d``: stdio to /dev/null, set up, report to the parent, serve."""
     code = 1
     try:
@@ -1667,7 +1760,7 @@ def _become_daemon(cfg: DaemonConfig, multiuser: bool, write_fd: int, static: bo
         # nothing inherited stays open (a caller's pipe would never see EOF), but the report pipe
         os.closerange(3, write_fd)
         os.closerange(write_fd + 1, os.sysconf('SC_OPEN_MAX'))
-        daemon = Daemon(cfg, multiuser, foreground=False, static=static)
+        daemon = Daemon(cfg, multiuser, foreground=False, static=static, protocol=protocol, apply=apply)
         code, message = daemon.setup()
         os.write(write_fd, json.dumps({'rc': code, 'message': message}).encode())
         os.close(write_fd)

@@ -25,6 +25,7 @@ from mps_common import (  # noqa: E402  pylint: disable=wrong-import-position
     CONTROL, DEFAULT_PIPE_DIR, NO_DAEMON, SUN_PATH_MAX, SwitchError, recv_msg, send_msg, switch,
 )
 import mps_partitions  # noqa: E402  pylint: disable=wrong-import-position
+import mps_v3  # noqa: E402  pylint: disable=wrong-import-position
 
 # FAKE_MPS_USAGE=short: the simulator's own usage text (its answer before r580 was recorded)
 USAGE = """Usage: nvidia-cuda-mps-control [-d | -f] [-multiuser-server]
@@ -158,6 +159,60 @@ def run_ui() -> int:
     return dropped_rc if answered < len(commands) else 0
 
 
+def run_v3_ui(words: list[str]) -> int:
+    """A v3 command given as arguments (``server list --format=csv``), or ``quit`` for ``-q``: one request on the main
+    socket; the reply printed, its status returned. A v2 daemon reads it as a legacy command line [ref 1.1, I]."""
+    pipe = os.environ.get('CUDA_MPS_PIPE_DIRECTORY') or DEFAULT_PIPE_DIR
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        sock.connect(os.path.join(pipe, CONTROL))
+    except OSError:
+        print(NO_DAEMON, file=sys.stderr, flush=True)
+        return 1
+    send_msg(sock, {'type': 'ui'})
+    send_msg(sock, {'v3': words})
+    reply = recv_msg(sock)
+    if reply is not None and send_msg(sock, {'bye': True}):
+        recv_msg(sock)
+    sock.close()
+    if reply is None:
+        return 0 if words == ['quit'] else 1
+    text = str(reply.get('out', ''))
+    if text:
+        sys.stdout.write(text + '\n')
+        sys.stdout.flush()
+    return int(reply.get('rc', 0))
+
+
+def v3_arguments(args: list[str]) -> tuple[Optional[int], dict, list[str]]:
+    """A v3 binary's own options (13040 and later): (exit status when refused, {protocol, apply, quit, module words},
+    the arguments left for the legacy parser). ``-m`` is ``-M``."""
+    found: dict = {'protocol': None, 'apply': None, 'quit': False, 'words': []}
+    rest: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg in mps_v3.MODULES:
+            found['words'] = args[i:]
+            break
+        if arg in ('-p', '--protocol', '-a', '--apply'):
+            if i + 1 >= len(args) or (arg in ('-p', '--protocol') and args[i + 1] not in ('2', '3')):
+                sys.stdout.write(r580_help())
+                sys.stdout.flush()
+                return 1, found, []
+            found['protocol' if arg in ('-p', '--protocol') else 'apply'] = args[i + 1]
+            i += 2
+            continue
+        if arg in ('-q', '--quit'):
+            found['quit'] = True
+        elif arg in ('-m', '--multiuser'):
+            rest.append('-multiuser-server')
+        else:
+            rest.append(arg)
+        i += 1
+    return None, found, rest
+
+
 def binary_version() -> str:
     """The simulated binary's version: NVML's CUDA driver version of FAKE_NVML_CONFIG (13000 on r580), '0' when unknown."""
     import mps_daemon  # pylint: disable=import-outside-toplevel
@@ -175,6 +230,8 @@ def r580_help() -> str:
     """r580's help text; without its client priority commands where the binary has none (FAKE_MPS_CLIENT_PRIORITY);
     with the options and commands of static partitioning where it has them (binary 13010 and later)."""
     base = mps_partitions.with_help(R580_HELP) if static_options() else R580_HELP
+    if mps_v3.supported(binary_version()):
+        base = mps_v3.with_help(base)
     if switch('FAKE_MPS_CLIENT_PRIORITY') == 'supported':
         return base
     lines = base.split('\n')
@@ -218,6 +275,15 @@ def main(argv: list[str]) -> int:
         print(f'nvidia-cuda-mps-control (simulator): {exc}', file=sys.stderr)
         return 2
     usage = USAGE + '\n' if style == 'short' else r580_help()
+    v3: dict = {'protocol': None, 'apply': None, 'quit': False, 'words': []}
+    if mps_v3.supported(binary_version()):
+        code, v3, args = v3_arguments(args)
+        if code is not None:
+            return code
+        if v3['words']:
+            return run_v3_ui(v3['words'])
+        if v3['quit'] and not args:
+            return run_v3_ui(['quit'])
     if style == 'r580':
         code, args = r580_options(args)
         if code is not None:
@@ -235,7 +301,14 @@ def main(argv: list[str]) -> int:
         sys.stdout.flush()
         return 1
     import mps_daemon  # pylint: disable=import-outside-toplevel  # the UI stays light
-    return mps_daemon.start_daemon(foreground, '-multiuser-server' in args, '-S' in args)
+    # CUDA_MPS_PROTOCOL_VERSION wins over -p [ref 1.1]; -a only with protocol 3 [I]
+    protocol = (os.environ.get('CUDA_MPS_PROTOCOL_VERSION', '').strip() or v3['protocol'] or '2') if mps_v3.supported(binary_version()) else '2'
+    if protocol not in ('2', '3') or (v3['apply'] and protocol != '3') or v3['quit']:
+        sys.stdout.write(usage)
+        sys.stdout.flush()
+        return 1
+    return mps_daemon.start_daemon(foreground, '-multiuser-server' in args, '-S' in args, protocol=int(protocol),
+                                   apply=os.path.abspath(v3['apply']) if v3['apply'] else None)
 
 
 if __name__ == '__main__':
