@@ -66,6 +66,10 @@ class DaemonTimeoutError(MpsError):
     """The control daemon did not answer, start or stop in time."""
 
 
+class DaemonProtocolError(MpsError):
+    """A running control daemon speaks another MPS protocol than the one the collection would drive it with."""
+
+
 class ControlCommandError(MpsError):
     """The control daemon rejected a command (it still exits 0: the text says so)."""
 

@@ -165,6 +165,8 @@ class Facts:
             'container': None,
             # Started with -S (null without a record), and its partitions as lspart lists them (null: none read)
             'static_partitioning': record.static_partitioning if found else view.static_args.get(running_pid) if running_pid else None,
+            # The MPS protocol the running daemon was started with (2 legacy, 3 MPS v3; null: not running or unreadable)
+            'protocol': view.protocols.get(running_pid) if running_pid else None,
             'sm_partitions': None,
         }
         if seen.corrupt:

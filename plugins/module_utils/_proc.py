@@ -81,6 +81,36 @@ def started_static(pid: int) -> t.Optional[bool]:
     return b'-S' in argv or b'--static-partitioning' in argv
 
 
+PROTOCOL_VARIABLE = 'CUDA_MPS_PROTOCOL_VERSION'
+
+
+def started_protocol(pid: int) -> t.Optional[int]:
+    """The MPS protocol the control daemon ``pid`` was started with: 3 where ``CUDA_MPS_PROTOCOL_VERSION`` in its
+    environment - which wins over the option - or its arguments (``-p 3``, ``--protocol 3``, ``--protocol=3``) say so,
+    else 2 (legacy, the default); None when neither can be read (shared/mps-v3-reference.md 1.1: every later control
+    call follows the running daemon's protocol, so this is what decides which words it understands).
+
+    A binary without protocol 3 (r580) refuses ``-p 3`` and does not start, so an argument is its word; the variable is
+    taken at its word too [I]: a daemon started with it on such a binary is reported as v3, never driven blind."""
+    environ = environ_of(pid)
+    try:
+        with open('/proc/%d/cmdline' % pid, 'rb') as handle:
+            argv = [arg.decode('utf-8', 'replace') for arg in handle.read().split(b'\0') if arg]
+    except OSError:
+        argv = None
+    if environ is None and argv is None:
+        return None
+    value = (environ or {}).get(PROTOCOL_VARIABLE, '').strip()
+    if not value:
+        args = argv or []
+        for index, arg in enumerate(args):
+            if arg in ('-p', '--protocol') and index + 1 < len(args):
+                value = args[index + 1]
+            elif arg.startswith('--protocol='):
+                value = arg.split('=', 1)[1]
+    return 3 if value == '3' else 2
+
+
 def has_open(pid: int, path: str) -> bool:
     real = os.path.realpath(path)
     try:

@@ -400,6 +400,17 @@ daemons:
       type: str
       sample: 580.159.04
       version_added: 0.2.0
+    protocol:
+      description:
+        - The MPS protocol the running daemon was started with, from its arguments and environment (C(-p 3),
+          C(CUDA_MPS_PROTOCOL_VERSION=3)) - 2 (legacy, the default) or 3 (MPS v3, driver r615 and later); null when it
+          is not running or its process cannot be read.
+        - The collection drives legacy daemons only; a daemon of one of its resources that speaks protocol 3 is not asked
+          (the legacy commands are not its own): its C(error) says so, and M(gpufleet.mps.mps_host),
+          M(gpufleet.mps.mps_daemon) and M(gpufleet.mps.mps_limits) refuse to change that resource.
+      type: int
+      sample: 2
+      version_added: 0.2.0
     static_partitioning:
       description:
         - Whether the daemon was started with C(-S) (static SM partitioning, CUDA 13.1 and later), as recorded - it is,

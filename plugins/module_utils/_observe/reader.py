@@ -14,10 +14,10 @@ import os
 import typing as t
 from dataclasses import dataclass, field
 
-from .._errors import MpsError
+from .._errors import DaemonProtocolError, MpsError
 from .._gpus import Gpu
 from .._io import ancestors
-from .._proc import child_pids, daemon_dev_shm, read_locks, read_mountinfo, started_static, uuids_from_environ
+from .._proc import child_pids, daemon_dev_shm, read_locks, read_mountinfo, started_protocol, started_static, uuids_from_environ
 from .._protocol.batch import read_batch
 from .._resource.layout import OWN_ENTRIES, SHM_DIR, ConfigPaths, ResourcePaths, config_paths, resource_paths
 from .._supervisor.liveness import LOCK_FILE, PIPE_DIR_FILES, inspect
@@ -148,7 +148,19 @@ def read_daemon(view: HostView, name: str, query: t.Callable[[t.List[str]], t.An
                 partitions: bool = False, servers: bool = True) -> t.Any:
     """A running daemon of resource ``name`` in one control batch: its defaults for ``ordinals`` devices, its servers with
     their limits and clients (``servers``: every child asked about; else the server list alone), its SM partitions
-    where ``partitions``."""
+    where ``partitions``.
+
+    A daemon started with MPS protocol 3 is refused here, before any command is sent: the batch is legacy words, which a
+    v3 daemon does not take as such (shared/mps-v3-reference.md 1.1), and every module reads a running daemon through
+    this one function before it decides anything."""
+    if pid not in view.protocols:
+        view.protocols[pid] = started_protocol(pid)
+    if view.protocols[pid] == 3:
+        raise DaemonProtocolError(
+            'the MPS control daemon of %s (pid %d) was started with MPS protocol 3 (MPS v3: -p 3 or CUDA_MPS_PROTOCOL_VERSION=3), '
+            'and this resource is managed with the legacy protocol: it was neither asked nor changed. Stop it with '
+            '"nvidia-cuda-mps-control -q" with CUDA_MPS_PIPE_DIRECTORY set to its pipe directory (or by whatever started '
+            'it), then run again' % (name, pid), resource=name, pid=pid, protocol=3)
     readout = read_batch(query, ordinals, child_pids(pid) if servers else [], partitions=partitions)
     view.readouts[name] = ((ordinals, pid), readout)
     view.clients[name] = (pid, clients_of(readout))

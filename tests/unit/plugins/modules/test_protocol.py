@@ -1,0 +1,63 @@
+# Copyright: gpufleet.mps contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""A running daemon of a resource that speaks MPS protocol 3 where the collection would drive it with the legacy words
+(issue 43): reported and refused, never asked with the wrong protocol, nothing changed (shared/mps-v3-reference.md 1.1)."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+
+import pytest
+
+from conftest import warnings_of  # pylint: disable=wrong-import-order
+
+
+def _binary_13040():
+    """The simulated driver of this host as r615 (binary 13040): the control binary speaks protocol 3."""
+    path = os.environ['FAKE_NVML_CONFIG']
+    with open(path, encoding='utf-8') as handle:
+        text = handle.read()
+    with open(path, 'w', encoding='utf-8') as handle:
+        handle.write(re.sub(r'(?m)^cuda_driver_version = .*$', 'cuda_driver_version = 13040',
+                            re.sub(r'(?m)^driver_version = .*$', 'driver_version = 615.71.09', text)))
+
+
+def _start_by_hand(host, name, *args, env=None):
+    """A daemon started in the resource's pipe directory by hand, as an operator (or another tool) would."""
+    environ = {key: value for key, value in os.environ.items() if not key.startswith('CUDA_MPS_')}
+    environ.update(CUDA_MPS_PIPE_DIRECTORY=host.pipe(name), CUDA_MPS_LOG_DIRECTORY=os.path.join(host.root, name, 'log'), **(env or {}))
+    proc = subprocess.run([host.binary, '-d', *args], env=environ, capture_output=True, text=True, timeout=30, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with open(os.path.join(host.pipe(name), 'nvidia-cuda-mps-control.pid'), encoding='utf-8') as handle:
+        return int(handle.read())
+
+
+@pytest.mark.parametrize('how', [('-p', '3'), ('--protocol', '3'), ('env',)])
+def test_a_v3_daemon_of_a_legacy_resource_is_refused_and_left_as_it_is(host, how):
+    _binary_13040()
+    host.ok([{'name': 'train', 'devices': [0]}])
+    first = list(host.daemons())
+    host.ok([], state='absent')  # the legacy daemon gone, its directories with it; made again by hand below
+    assert not host.daemons() and first
+    os.makedirs(host.pipe('train'), exist_ok=True)
+    os.makedirs(os.path.join(host.root, 'train', 'log'), exist_ok=True)
+    env = {'CUDA_MPS_PROTOCOL_VERSION': '3'} if how == ('env',) else None
+    pid = _start_by_hand(host, 'train', *(() if how == ('env',) else how), env=env)
+    for check in (True, False):
+        result = host.run([{'name': 'train', 'devices': [0]}], check=check)
+        assert result.get('failed') and not result.get('changed'), result
+        assert 'started with MPS protocol 3' in result['msg'] and 'pid %d' % pid in result['msg'], result['msg']
+    assert list(host.daemons()) == [pid]  # still running, untouched
+    info = host.module('mps_info', gather=['daemons'])
+    daemon = [d for d in info['daemons'] if d['name'] == 'train'][0]
+    assert daemon['protocol'] == 3 and daemon['running'] and 'protocol 3' in daemon['error']
+    assert any('protocol 3' in text for text in warnings_of(info))
+    stopped = host.module('mps_daemon', name='train', state='absent')
+    assert stopped.get('failed') and 'protocol 3' in stopped['msg'] and list(host.daemons()) == [pid]
+
+
+def test_a_legacy_daemon_reports_protocol_2(host):
+    host.ok([{'name': 'train', 'devices': [0]}])
+    info = host.module('mps_info', gather=['daemons'])
+    assert [d['protocol'] for d in info['daemons']] == [2] and not info['daemons'][0]['error']
