@@ -252,3 +252,17 @@ def test_non_owner_is_refused_and_a_client_of_another_user_is_not_permitted(host
     other = host.client('--uid', '65534', env=ns_env(host, 'mine'))
     rc, out, _err = other.rest()
     assert rc != 0 and json.loads(out.splitlines()[0])['error'] == 'CUDA_ERROR_NOT_PERMITTED'  # [ref 1.11, DYN]
+
+
+def test_the_gpu_questions_play_against_the_simulator(tmp_path) -> None:
+    """tests/gpu/v3_questions.py, which a run on an r615+ GPU plays against the real binary, stays playable here."""
+    script = os.path.join(os.path.dirname(__file__), '..', '..', 'gpu', 'v3_questions.py')
+    out = str(tmp_path / 'v3.json')
+    proc = subprocess.run([PYTHON, script, '--simulated', '--json', out], capture_output=True, text=True, timeout=180, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert 'SUMMARY: 50 questions, 50 played per side' in proc.stdout
+    with open(out, encoding='utf-8') as handle:
+        answers = {item['id']: item for item in json.load(handle)['sides']['simulator']}
+    assert answers['namespace-set-attached']['rc'] == 1 and answers['procs-after-quit']['data'] == []
+    if UID == 0:
+        assert answers['mu-client-open']['data']['ok'] and not answers['mu-client-closed']['data']['ok']
