@@ -56,7 +56,13 @@ NOT_PRODUCED: Dict[str, str] = {
     'MPS daemons not healthy: train: ... (see the control.log in each one\'s log directory under /run/nvidia/mps)':
         'needs a daemon that answers its start and is gone before the same run ends; mps_host checks every listed '
         'daemon at its end (plugins/module_utils/_host/manager.py, _check_healthy)',
+    'the MPS control daemon of train (pid 4242) was started with MPS protocol 3 (MPS v3: -p 3 or CUDA_MPS_PROTOCOL_VERSION=3), '
+    'and this resource is managed with the legacy protocol: it was neither asked nor changed. Stop it with '
+    '"nvidia-cuda-mps-control -q" with CUDA_MPS_PIPE_DIRECTORY set to its pipe directory (or by whatever started it), then run again':
+        'needs a control binary with protocol 3 (binary 13040): tests/unit/plugins/modules/test_protocol.py starts a v3 '
+        'daemon in a resource pipe directory by hand and checks this message from mps_host, mps_daemon and mps_info',
 }
+
 NUMBERS = re.compile(r'(?<=\bpid )\d+|(?<=\bkill )\d+|(?<=\bCLIENT )\d+|\b\d+(?=s\b)')
 
 
