@@ -293,7 +293,7 @@ def main(argv: List[str]) -> int:  # pylint: disable=too-many-locals
             driver, cuda = '615.71.09', '13040'
         else:
             real, _seen = compare_mps.find_real(compare_mps.NAME)
-            smi, _ = compare_mps.find_real('nvidia-smi')
+            smi, _others = compare_mps.find_real('nvidia-smi')
             if real is None or smi is None:
                 print('SKIP: no real nvidia-cuda-mps-control or nvidia-smi on this host')
                 return 0

@@ -79,6 +79,8 @@ SWITCHES: dict[str, tuple[str, tuple[str, ...]]] = {
     'FAKE_MPS_V3_LIST_QUOTE': ('quoted', ('quoted', 'semicolon')),
     'FAKE_MPS_V3_FIELD_SPELLING': ('dash', ('dash', 'underscore')),
     'FAKE_MPS_V3_LEGACY_UI': ('refuse', ('refuse', 'serve')),
+    # an int where the -a file's examples quote a string (active_thread_percentage = 40): an error, or taken as the string
+    'FAKE_MPS_V3_CONFIG_INTS': ('refuse', ('refuse', 'accept')),
     # read by each mps_client.py process (it keeps its own copy of the values: it stands alone)
     'FAKE_MPS_CLIENT_ON_SERVER_LOSS': ('lives', ('lives', 'exits')),
 }

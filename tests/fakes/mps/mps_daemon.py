@@ -422,6 +422,7 @@ class DaemonConfig:  # pylint: disable=too-many-instance-attributes
     v3_list_quote: str
     v3_field_spelling: str
     v3_legacy_ui: str
+    v3_config_ints: str
 
     def __init__(self, **values: object) -> None:
         self.__dict__.update(values)
@@ -482,6 +483,7 @@ class DaemonConfig:  # pylint: disable=too-many-instance-attributes
             v3_list_quote=switch('FAKE_MPS_V3_LIST_QUOTE', env),
             v3_field_spelling=switch('FAKE_MPS_V3_FIELD_SPELLING', env),
             v3_legacy_ui=switch('FAKE_MPS_V3_LEGACY_UI', env),
+            v3_config_ints=switch('FAKE_MPS_V3_CONFIG_INTS', env),
         )
 
 
@@ -1529,6 +1531,11 @@ class Daemon(StaticPartitions, ProtocolThree):  # pylint: disable=too-many-publi
                 self.log(f'{who}: operation not permitted')
                 send_msg(conn, {'ok': False, 'error': 'CUDA_ERROR_NOT_PERMITTED', 'message': 'operation not permitted'})
                 return
+            if v3_server is not None and (v3_server.gone or v3_namespace not in v3_server.namespaces):
+                # deleted between its routing and now: refused as if it had come after
+                self.log(f'{who}: its MPS server or namespace is gone')
+                send_msg(conn, {'ok': False, 'error': 'CUDA_ERROR_MPS_CONNECTION_FAILED', 'message': 'its MPS server or namespace is gone'})
+                return
             srv = client.server if v3_server is not None else self._accepting(self._target_uid(client))
             if srv is not None and srv.state == 'ACTIVE':
                 self.log(f'{who}: Server already exists')
@@ -1550,6 +1557,9 @@ class Daemon(StaticPartitions, ProtocolThree):  # pylint: disable=too-many-publi
 
     def _attach(self, client: ClientRec, srv: ServerRec) -> None:
         gpus = srv.v3.gpus if srv.v3 is not None else self.cfg.gpus
+        if srv.v3 is not None and client.v3_route[1] not in srv.v3.namespaces:
+            self._drop_client(client, 'CUDA_ERROR_MPS_CONNECTION_FAILED', 'its MPS namespace was deleted')
+            return
         for ordinal in client.devices:
             gpu = gpus[ordinal]
             used = sum(1 for s in self._alive_servers() for c in s.clients

@@ -86,7 +86,7 @@ def with_help(text: str) -> str:
 def parse_argv(words: list[str]) -> tuple[str, str, list[str], dict[str, str], set[str]]:
     """``<module> <verb> [positional-args] [--key=value ...] [--flag ...]`` [ref 1.2]: (module, verb, args, keys, flags).
 
-    ``key=value`` without dashes is accepted as well; ``help`` stands for the verb or follows it."""
+    ``key=value`` without dashes is accepted as well. (``<module> help`` is documented [ref 1.2] and not simulated.)"""
     module, verb = words[0], (words[1] if len(words) > 1 else '')
     args: list[str] = []
     keys: dict[str, str] = {}
@@ -175,9 +175,9 @@ class ProtocolThree:
         return os.path.join(self.cfg.pipe_dir, *parts)
 
     def _listen(self, path: str, route: tuple[str, str]) -> socket.socket:
-        os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-        if len(os.fsencode(path)) > 107:
+        if len(os.fsencode(path)) > 107:  # sun_path [ref 1.9, I]: nothing made
             raise V3Error(f'Failed to bind socket {path}: File name too long')
+        os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
         try:
             os.unlink(path)
         except FileNotFoundError:
@@ -229,10 +229,15 @@ class ProtocolThree:
             raise V3Error('In multiuser mode, only --uid=0 is allowed')
         given = devices if devices else [gpu.uuid for gpu in self.cfg.gpus]
         server = Server(name, uid, given, self._resolve(given))
-        server.listeners.append(self._listen(self.v3_dir(name, 'control'), (name, 'default')))
-        server.listeners.append(self._listen(self.v3_dir(name, 'default', 'control'), (name, 'default')))
-        if not os.path.exists(self.v3_dir(name, 'log')):
-            os.mkfifo(self.v3_dir(name, 'log'), 0o777)
+        try:
+            server.listeners.append(self._listen(self.v3_dir(name, 'control'), (name, 'default')))
+            server.listeners.append(self._listen(self.v3_dir(name, 'default', 'control'), (name, 'default')))
+            if not os.path.exists(self.v3_dir(name, 'log')):
+                os.mkfifo(self.v3_dir(name, 'log'), 0o777)
+        except (OSError, V3Error) as exc:  # nothing of it stays: sockets closed, its directory gone
+            self._close(server.listeners)
+            shutil.rmtree(self.v3_dir(name), ignore_errors=True)
+            raise exc if isinstance(exc, V3Error) else V3Error(f'Failed to set up server {name}: {exc.strerror or exc}')
         self.v3[name] = server
         rec = self._spawn_server(uid)  # type: ignore[attr-defined]
         rec.v3 = server
@@ -274,9 +279,13 @@ class ProtocolThree:
         server.namespaces[name] = namespace
         return namespace
 
-    def _attached(self, server: Server, namespace: Optional[str] = None) -> list[Any]:
+    def _attached(self, server: Server, namespace: Optional[str] = None, *, pending: bool = False) -> list[Any]:
+        """The clients attached to the server (of ``namespace``); with ``pending`` those still waiting for it too, which
+        a set or delete must count as well (a server still starting has only those)."""
         rec = server.rec
         clients = list(rec.clients) if rec is not None and not rec.exited else []
+        if pending and rec is not None:
+            clients += [c for c in self.pending if c.server is rec]
         return [c for c in clients if namespace is None or c.v3_route[1] == namespace]
 
     @staticmethod
@@ -292,7 +301,7 @@ class ProtocolThree:
             elif key == 'client-priority':
                 wanted['priority'] = int(value) if value in ('0', '1') else None
             else:
-                continue
+                raise V3Error(f"Unknown option '--{key}'")
             if wanted[list(wanted)[-1]] is None:
                 raise V3Error(f"Invalid value '{value}' for {key}")
         for attr, value in wanted.items():
@@ -301,7 +310,10 @@ class ProtocolThree:
     # ---------------------------------------------------------------- the -a file [ref 1.8]
 
     def v3_apply(self, path: str) -> Optional[str]:
-        """Read the TOML file once; None, or why the start ends (FAKE_MPS_V3_CONFIG_ERROR=abort) [I]."""
+        """Read the TOML file once; None, or why the start ends (FAKE_MPS_V3_CONFIG_ERROR=abort) [I].
+
+        Under ``skip`` a server table with any error is left out whole (logged), so that no server runs with part of
+        its limits; the other servers are made."""
         import tomllib  # pylint: disable=import-outside-toplevel
         try:
             with open(path, 'rb') as handle:
@@ -310,48 +322,102 @@ class ProtocolThree:
             return f'Failed to read configuration file {path}: {exc.strerror}'
         except tomllib.TOMLDecodeError as exc:
             return f'Failed to parse configuration file {path}: {exc}'
-        errors: list[str] = []
-        for key in data:
-            if key not in ('schema_version', 'servers', 'features'):
-                errors.append(f'unknown key {key!r}')
-        if not isinstance(data.get('schema_version', '1.0'), str):
-            errors.append('schema_version must be a string')
-        servers = data.get('servers', {})
-        if not isinstance(servers, dict):
-            errors.append('servers must be a table')
-            servers = {}
+        errors = list(self._check_top(data))
+        servers = data.get('servers') if isinstance(data.get('servers'), dict) else {}
+        bad = {}
         for name, table in servers.items():
-            if not isinstance(table, dict):
-                errors.append(f'servers.{name} must be a table')
-                continue
-            for key, value in table.items():
-                kind = SERVER_KEYS.get(key)
-                if kind is None or not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-                    errors.append(f'servers.{name}.{key}: ' + ('unknown key' if kind is None else f'expected {kind.__name__}'))
-            for ns_name, ns_table in (table.get('namespaces') or {}).items():
-                for key, value in (ns_table.items() if isinstance(ns_table, dict) else ()):
-                    if key not in NAMESPACE_KEYS or not isinstance(value, str):
-                        errors.append(f'servers.{name}.namespaces.{ns_name}.{key}: ' + ('unknown key' if key not in NAMESPACE_KEYS else 'expected str'))
+            found = self._check_server(name, table)
+            if found:
+                bad[name] = found
+                errors += found
         if errors and self.cfg.v3_config_error == 'abort':
             return f'Configuration error in {path}: ' + '; '.join(errors)
         for message in errors:
             self.log(f'Configuration error in {path}: {message} (skipped)')  # type: ignore[attr-defined]
         for name, table in servers.items():
-            if not isinstance(table, dict):
+            if name in bad:
                 continue
             try:
-                uid = table.get('uid', os.geteuid())
                 devices = [d.strip() for d in str(table.get('allowed_devices', '')).split(',') if d.strip()]
-                server = self.v3_create_server(name, int(uid), devices or None)
-                self._set_limits(server.namespaces['default'], {k: v for k, v in table.items() if k in NAMESPACE_KEYS and isinstance(v, str)})
+                server = self.v3_create_server(name, int(table.get('uid', os.geteuid())), devices or None)
+                self._set_limits(server.namespaces['default'], {k: str(v) for k, v in table.items() if k in NAMESPACE_KEYS})
                 for ns_name, ns_table in (table.get('namespaces') or {}).items():
                     namespace = server.namespaces.get(ns_name) or self.v3_create_namespace(server, ns_name)
-                    self._set_limits(namespace, {k: v for k, v in ns_table.items() if k in NAMESPACE_KEYS and isinstance(v, str)})
+                    self._set_limits(namespace, {k: str(v) for k, v in ns_table.items()})
             except V3Error as exc:
                 if self.cfg.v3_config_error == 'abort':
-                    return f'Configuration error in {path}: {exc}'
-                self.log(f'Configuration error in {path}: {exc} (skipped)')  # type: ignore[attr-defined]
+                    return f'Configuration error in {path}: servers.{name}: {exc}'
+                self.log(f'Configuration error in {path}: servers.{name}: {exc} (skipped)')  # type: ignore[attr-defined]
         return None
+
+    @staticmethod
+    def _check_top(data: dict) -> list[str]:
+        errors = [f'unknown key {key!r}' for key in data if key not in ('schema_version', 'servers', 'features')]
+        if not isinstance(data.get('schema_version', '1.0'), str):
+            errors.append('schema_version: expected a string')
+        if not isinstance(data.get('servers', {}), dict):
+            errors.append('servers: expected a table')
+        features = data.get('features', {})
+        allowed = {'memacct': {'enabled': bool, 'audit_log': bool}, 'context-share': {'enabled': bool, 'default_socket': str}}
+        if not isinstance(features, dict):
+            errors.append('features: expected a table')
+            features = {}
+        for feature, table in features.items():
+            keys = allowed.get(feature)
+            if keys is None or not isinstance(table, dict):
+                errors.append(f'features.{feature}: ' + ('unknown feature' if keys is None else 'expected a table'))
+                continue
+            errors += [f'features.{feature}.{key}: ' + ('unknown key' if key not in keys else f'expected {keys[key].__name__}')
+                       for key, value in table.items() if key not in keys or not isinstance(value, keys[key])]
+        return errors
+
+    def _check_value(self, where: str, key: str, value: Any) -> Optional[str]:
+        """A limit key's value: a string as documented (an int where a string is quoted: FAKE_MPS_V3_CONFIG_INTS) [ref 1.8]."""
+        if isinstance(value, int) and not isinstance(value, bool) and self.cfg.v3_config_ints == 'accept':
+            value = str(value)
+        if not isinstance(value, str):
+            return f'{where}.{key}: expected a string'
+        try:
+            self._set_limits(Namespace('check'), {key: value})
+        except V3Error as exc:
+            return f'{where}.{key}: {exc}'
+        return None
+
+    def _check_server(self, name: str, table: Any) -> list[str]:
+        """What is wrong with one ``[servers.<name>]`` table (the 615 schema: "any other key is a configuration error")."""
+        where = f'servers.{name}'
+        if not isinstance(table, dict):
+            return [f'{where}: expected a table']
+        errors = [] if NAME_RE.fullmatch(name) else [f'{where}: a name of lowercase letters, digits and underscores, at most 64']
+        for key, value in table.items():
+            kind = SERVER_KEYS.get(key)
+            if kind is None:
+                errors.append(f'{where}.{key}: unknown key')
+            elif key in NAMESPACE_KEYS:
+                errors += [e for e in [self._check_value(where, key, value)] if e]
+            elif not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+                errors.append(f'{where}.{key}: expected {kind.__name__}')
+        namespaces = table.get('namespaces', {})
+        for ns_name, ns_table in (namespaces.items() if isinstance(namespaces, dict) else ()):
+            if not isinstance(ns_table, dict):
+                errors.append(f'{where}.namespaces.{ns_name}: expected a table')
+                continue
+            if not NAME_RE.fullmatch(ns_name):
+                errors.append(f'{where}.namespaces.{ns_name}: a name of lowercase letters, digits and underscores, at most 64')
+            for key, value in ns_table.items():
+                if key not in NAMESPACE_KEYS:
+                    errors.append(f'{where}.namespaces.{ns_name}.{key}: unknown key')
+                else:
+                    errors += [e for e in [self._check_value(f'{where}.namespaces.{ns_name}', key, value)] if e]
+        for index, device in enumerate(table.get('devices', []) if isinstance(table.get('devices'), list) else []):
+            if not isinstance(device, dict) or not isinstance(device.get('uuid'), str):
+                errors.append(f'{where}.devices[{index}]: a table with a uuid is required')
+                continue
+            for part in device.get('sm_partitions', []) if isinstance(device.get('sm_partitions'), list) else [None]:
+                if not (isinstance(part, dict) and isinstance(part.get('name'), str) and isinstance(part.get('chunks'), int)
+                        and isinstance(part.get('include_remainder', False), bool)):
+                    errors.append(f'{where}.devices[{index}].sm_partitions: each needs a name and chunks (int)')
+        return errors
 
     # ---------------------------------------------------------------- commands
 
@@ -416,7 +482,7 @@ class ProtocolThree:
             raise V3Error('usage: server delete <name> [--force]')
         server = self._server_named(args[0])
         self._owner(server, uid, 'SERVER DELETE')
-        attached = self._attached(server)
+        attached = self._attached(server, pending=True)
         if attached and 'force' not in flags:
             raise V3Error(f"Server '{server.name}' has {len(attached)} active client(s); use --force")
         for client in attached:
@@ -446,7 +512,19 @@ class ProtocolThree:
             raise V3Error('usage: server set <name> --key=value ... (at least one)')
         server = self._server_named(args[0])
         self._owner(server, uid, 'SERVER SET')
-        if self._attached(server, 'default'):
+        unknown = sorted(set(keys) - {'pinned-memory-limit', 'active-thread-percentage', 'client-priority', 'uid', 'locality-domains'})
+        if unknown:
+            raise V3Error(f"Unknown option '--{unknown[0]}' for server set")
+        if keys.get('locality-domains', 'false') not in ('true', 'false') or not keys.get('uid', '0').isdigit():
+            raise V3Error('Invalid value for --uid or --locality-domains')
+        if 'uid' in keys:
+            if self.multiuser and keys['uid'] != '0':
+                raise V3Error('In multiuser mode, only --uid=0 is allowed')
+            server.uid = int(keys['uid'])
+        keys = {k: v for k, v in keys.items() if k not in ('uid', 'locality-domains')}
+        if not keys:
+            return ''
+        if self._attached(server, 'default', pending=True):
             raise V3Error(f"Namespace 'default' of server '{server.name}' has active clients")
         self._set_limits(server.namespaces['default'], keys)
         return ''
@@ -477,7 +555,7 @@ class ProtocolThree:
         if namespace is None or name == 'default':
             raise V3Error(f"Namespace '{name}' not found on server '{server.name}'" if namespace is None else
                           "The default namespace cannot be deleted")
-        attached = self._attached(server, name)
+        attached = self._attached(server, name, pending=True)
         if attached and 'force' not in flags:
             raise V3Error(f"Namespace '{name}' has {len(attached)} active client(s); use --force")
         for client in attached:
@@ -496,7 +574,7 @@ class ProtocolThree:
         limits = {k: v for k, v in keys.items() if k != 'server'}
         if not limits:
             raise V3Error('namespace set needs at least one of --pinned-memory-limit, --active-thread-percentage, --client-priority')
-        if self._attached(server, name):  # "fails while the namespace has an active client" [ref 1.4, O]
+        if self._attached(server, name, pending=True):  # "fails while the namespace has an active client" [ref 1.4, O]
             raise V3Error(f"Namespace '{name}' has active clients: set its limits before clients start")
         self._set_limits(namespace, limits)
         return ''

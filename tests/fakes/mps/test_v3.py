@@ -229,7 +229,7 @@ def test_a_config_error_ends_the_start_or_is_skipped(host: SimHost) -> None:
     assert proc.returncode == 1 and 'servers.a.bogus' in proc.stdout  # [ref 1.8: "any other key is a configuration error"]
     assert host.ui(['get_server_list']).returncode == 1
     host.start('-d', '-p', '3', '-a', path, env={'FAKE_MPS_V3_CONFIG_ERROR': 'skip'})
-    assert sorted(row[0] for row in csv(host, 'server', 'list')) == ['a', 'b']
+    assert sorted(row[0] for row in csv(host, 'server', 'list')) == ['b']  # the table with the error left out whole
     assert any('servers.a.bogus' in m for m in host.log_messages())
 
 
@@ -266,3 +266,60 @@ def test_the_gpu_questions_play_against_the_simulator(tmp_path) -> None:
     assert answers['namespace-set-attached']['rc'] == 1 and answers['procs-after-quit']['data'] == []
     if UID == 0:
         assert answers['mu-client-open']['data']['ok'] and not answers['mu-client-closed']['data']['ok']
+
+
+def test_deleting_a_namespace_counts_a_client_still_waiting_for_its_server(host: SimHost) -> None:
+    r615(host)
+    host.start('-d', '-p', '3', env={'FAKE_MPS_SERVER_INIT_DELAY': '2'})
+    v3(host, 'server', 'create', 'tr', f'--uid={UID}')
+    v3(host, 'namespace', 'create', 'hi', '--server=tr')
+    waiting = host.client(env=ns_env(host, 'tr', 'hi'))
+    wait_until(lambda: host.state()['pending'], what='the client to wait for the starting server')
+    refused = v3(host, 'namespace', 'delete', 'hi', '--server=tr', check=False)
+    assert refused.returncode == 1 and 'active client' in refused.stdout
+    assert v3(host, 'namespace', 'set', 'hi', '--server=tr', '--active-thread-percentage=5', check=False).returncode == 1
+    v3(host, 'namespace', 'delete', 'hi', '--server=tr', '--force')
+    rc, out, _err = waiting.rest()
+    assert rc != 0 and json.loads(out.splitlines()[0])['ok'] is False  # ended, not left hanging
+    wait_until(lambda: csv(host, 'server', 'list')[0][3] == 'Ready', what='the server, unharmed')
+
+
+@pytest.mark.parametrize('text, error', [
+    ('[servers.a]\nnamespaces = "x"\n', 'servers.a.namespaces: expected dict'),
+    ('[servers.a.namespaces]\nx = 1\n', 'servers.a.namespaces.x: expected a table'),
+    ('[servers.a]\nactive_thread_percentage = "abc"\n', "servers.a.active_thread_percentage: Invalid value 'abc'"),
+    ('[servers.a]\nactive_thread_percentage = 40\n', 'servers.a.active_thread_percentage: expected a string'),
+    ('[servers.a.namespaces.Bad]\nactive_thread_percentage = "40"\n', 'servers.a.namespaces.Bad: a name of lowercase'),
+    ('[[servers.a.devices]]\nname = "x"\n', 'servers.a.devices[0]: a table with a uuid is required'),
+    ('[features.memacct]\nfoo = true\n', 'features.memacct.foo: unknown key'),
+])
+def test_a_malformed_config_file_is_refused_not_crashed_on(host: SimHost, text: str, error: str) -> None:
+    r615(host)
+    path = os.path.join(host.base, 'bad.toml')
+    with open(path, 'w', encoding='utf-8') as handle:
+        handle.write(text)
+    proc = host.start('-d', '-p', '3', '-a', path, check=False)
+    assert proc.returncode == 1 and error in proc.stdout, proc.stdout
+    host.start('-d', '-p', '3', '-a', path, env={'FAKE_MPS_V3_CONFIG_ERROR': 'skip'})
+    assert csv(host, 'server', 'list') == []  # the table with the error is left out whole: no server with part of its limits
+
+
+def test_ints_where_strings_are_quoted_are_a_switch(host: SimHost) -> None:
+    r615(host)
+    path = os.path.join(host.base, 'ints.toml')
+    with open(path, 'w', encoding='utf-8') as handle:
+        handle.write(f'[servers.a]\nuid = {UID}\nactive_thread_percentage = 40\n')
+    host.start('-d', '-p', '3', '-a', path, env={'FAKE_MPS_V3_CONFIG_INTS': 'accept'})
+    assert csv(host, 'namespace', 'list', '--server=a')[0][4] == '40.00'
+
+
+def test_server_set_refuses_an_unknown_option_and_takes_uid(host: SimHost) -> None:
+    r615(host)
+    host.start('-d', '-p', '3')
+    v3(host, 'server', 'create', 'a', f'--uid={UID}')
+    refused = v3(host, 'server', 'set', 'a', '--bogus=1', check=False)
+    assert refused.returncode == 1 and "'--bogus'" in refused.stdout
+    refused = v3(host, 'namespace', 'set', 'default', '--server=a', '--bogus=1', check=False)
+    assert refused.returncode == 1 and "'--bogus'" in refused.stdout
+    v3(host, 'server', 'set', 'a', '--locality-domains=false')
+    assert csv(host, 'namespace', 'list', '--server=a')[0][3:6] == ['-', '-', '-']
