@@ -97,18 +97,22 @@ def started_protocol(pid: int) -> t.Optional[int]:
         with open('/proc/%d/cmdline' % pid, 'rb') as handle:
             argv = [arg.decode('utf-8', 'replace') for arg in handle.read().split(b'\0') if arg]
     except OSError:
-        argv = None
-    if environ is None and argv is None:
-        return None
-    value = (environ or {}).get(PROTOCOL_VARIABLE, '').strip()
-    if not value:
-        args = argv or []
-        for index, arg in enumerate(args):
-            if arg in ('-p', '--protocol') and index + 1 < len(args):
-                value = args[index + 1]
-            elif arg.startswith('--protocol='):
-                value = arg.split('=', 1)[1]
-    return 3 if value == '3' else 2
+        argv = []
+    option = ''
+    for index, arg in enumerate(argv[1:], 1):
+        if arg in ('-p', '--protocol') and index + 1 < len(argv):
+            option = argv[index + 1]
+        elif arg.startswith('--protocol='):
+            option = arg.split('=', 1)[1]
+        elif arg.startswith('-p') and arg[2:].isdigit():  # -p3
+            option = arg[2:]
+    variable = None if environ is None else environ.get(PROTOCOL_VARIABLE, '').strip()
+    if variable:
+        return 3 if variable == '3' else 2
+    if option == '3':
+        return 3
+    # An unreadable environment (another user's, without root) could hold the variable, which wins: unknown.
+    return None if environ is None else 2
 
 
 def has_open(pid: int, path: str) -> bool:

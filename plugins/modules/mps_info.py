@@ -406,7 +406,7 @@ daemons:
           C(CUDA_MPS_PROTOCOL_VERSION=3)) - 2 (legacy, the default) or 3 (MPS v3, driver r615 and later); null when it
           is not running or its process cannot be read.
         - The collection drives legacy daemons only; a daemon of one of its resources that speaks protocol 3 is not asked
-          (the legacy commands are not its own): its C(error) says so, and M(gpufleet.mps.mps_host),
+          (the legacy commands are not its own), and its C(error) says so, and M(gpufleet.mps.mps_host),
           M(gpufleet.mps.mps_daemon) and M(gpufleet.mps.mps_limits) refuse to change that resource.
       type: int
       sample: 2

@@ -78,7 +78,8 @@ for name in args['resources']:
     paths, config = resource_paths(args['root'], name), config_paths(args['config_dir'], name)
     with open(paths.started_file, encoding='utf-8') as handle:
         record = StartRecord.from_data(json.load(handle))
-    values = unit_environment(paths, config, record.devices, record.multiuser, record.compute_mode, args['control'], None, 5, 0o700)
+    values = unit_environment(paths, config, record.devices, multiuser=record.multiuser, compute_mode=record.compute_mode,
+                              control_binary=args['control'], nvidia_smi=None, stop_timeout=5, log_mode=0o700)
     files[config.env_file] = render_env(name, values)
     enabled.append('gpufleet-mps@%s.service' % config.instance)
 files[args['unit_dir'] + '/' + UNIT_NAME] = render_unit(args['config_dir'], 30, 5)

@@ -176,7 +176,10 @@ def clients_of(readout: t.Any) -> t.List[t.Dict[str, t.Any]]:
 
 def read_process(view: HostView, pid: int, shm_dir: t.Optional[str], *, record_known: bool) -> None:
     """What a running daemon's process shows: its /dev/shm (``shm_dir``: the tmpfs to compare with, where it exists; None:
-    not asked), and - without a start record - its CUDA_VISIBLE_DEVICES and whether it was started with -S."""
+    not asked), the MPS protocol it was started with, and - without a start record - its CUDA_VISIBLE_DEVICES and whether
+    it was started with -S."""
+    if pid not in view.protocols:
+        view.protocols[pid] = started_protocol(pid)
     if shm_dir is not None and pid not in view.dev_shm:
         view.dev_shm[pid] = daemon_dev_shm(pid, shm_dir) if view.paths.isdir(shm_dir) else None
     if not record_known:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import subprocess
 
 import pytest
@@ -61,3 +62,59 @@ def test_a_legacy_daemon_reports_protocol_2(host):
     host.ok([{'name': 'train', 'devices': [0]}])
     info = host.module('mps_info', gather=['daemons'])
     assert [d['protocol'] for d in info['daemons']] == [2] and not info['daemons'][0]['error']
+
+
+def test_mps_limits_refuses_too(host):
+    _binary_13040()
+    host.ok([{'name': 'train', 'devices': [0]}])
+    host.ok([], state='absent')
+    os.makedirs(host.pipe('train'), exist_ok=True)
+    os.makedirs(os.path.join(host.root, 'train', 'log'), exist_ok=True)
+    pid = _start_by_hand(host, 'train', '-p', '3')
+    result = host.module('mps_limits', name='train', active_thread_percentage=50)
+    assert result.get('failed') and 'started with MPS protocol 3' in result['msg'] and not result.get('changed'), result
+    assert list(host.daemons()) == [pid]
+
+
+def test_mps_info_reports_the_protocol_without_a_control_binary(host):
+    _binary_13040()
+    host.ok([{'name': 'train', 'devices': [0]}])
+    host.ok([], state='absent')
+    os.makedirs(host.pipe('train'), exist_ok=True)
+    os.makedirs(os.path.join(host.root, 'train', 'log'), exist_ok=True)
+    _start_by_hand(host, 'train', '--protocol', '3')
+    info = host.result(host.start_module('mps_info', {'root': host.root, 'config_dir': host.etc, 'gather': ['daemons'],
+                                                      'control_binary': os.path.join(host.bin, 'missing-binary')}))
+    if info.get('failed'):  # a control_binary that does not exist is refused as input: leave it out, with no binary on PATH
+        info = host.result(host.start_module('mps_info', {'root': host.root, 'config_dir': host.etc, 'gather': ['daemons']}))
+    assert [d['protocol'] for d in info['daemons'] if d['name'] == 'train'] == [3], info
+
+
+@pytest.mark.parametrize('argv, env, expected', [
+    (['-d'], {}, 2),
+    (['-d', '-p', '3'], {}, 3),
+    (['-d', '-p3'], {}, 3),
+    (['-d', '--protocol', '3'], {}, 3),
+    (['-d', '--protocol=3'], {}, 3),
+    (['-d', '-p', '2'], {}, 2),
+    (['-d', '-p', '3'], {'CUDA_MPS_PROTOCOL_VERSION': '2'}, 2),  # the variable wins over the option
+    (['-d', '-p', '2'], {'CUDA_MPS_PROTOCOL_VERSION': '3'}, 3),
+])
+def test_started_protocol_reads_arguments_and_environment(argv, env, expected):
+    from ansible_collections.gpufleet.mps.plugins.module_utils._proc import started_protocol  # pylint: disable=import-outside-toplevel
+    environ = {key: value for key, value in os.environ.items() if not key.startswith('CUDA_MPS_')}
+    environ.update(env)
+    proc = subprocess.Popen([sys.executable, '-c', 'import sys; print(1, flush=True); sys.stdin.read()', *argv], env=environ,  # pylint: disable=consider-using-with
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline() == b'1\n', proc.stderr.read()  # running, its arguments and environment in place
+        assert started_protocol(proc.pid) == expected
+    finally:
+        proc.stdin.close()
+        proc.wait(10)
+
+
+def test_started_protocol_of_a_process_that_is_gone_is_unknown():
+    from ansible_collections.gpufleet.mps.plugins.module_utils._proc import started_protocol  # pylint: disable=import-outside-toplevel
+    proc = subprocess.run([sys.executable, '-c', 'import os; print(os.getpid())'], capture_output=True, text=True, check=True)
+    assert started_protocol(int(proc.stdout)) is None
