@@ -50,6 +50,10 @@ class NvmlError(MpsError):
     """NVML is not usable (library or driver missing) or an NVML call failed."""
 
 
+class DriverUpgradePendingError(NvmlError):
+    """NVML answers "Driver/library version mismatch": the driver's user-space was upgraded under a loaded kernel module."""
+
+
 class DeviceSelectionError(MpsError):
     """Requested devices are unknown, duplicated, ambiguous, owned elsewhere or unusable."""
 

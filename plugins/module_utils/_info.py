@@ -18,7 +18,8 @@ import os
 import typing as t
 from dataclasses import dataclass
 
-from ._errors import DaemonTimeoutError, InvalidParameterError, MpsError, NvmlError
+from ._attribution import attribute
+from ._errors import DaemonTimeoutError, DriverUpgradePendingError, InvalidParameterError, MpsError, NvmlError
 from ._gpus import MPS_ENUMERATION_VAR, Gpu, Nvml
 from ._info_facts import render
 from ._limits.model import slice_env
@@ -34,7 +35,8 @@ GATHER_CHOICES = ('gpus', 'daemons', 'servers')
 # --- the whole host -----------------------------------------------------------------------------
 def nvml_facts(nvml_factory: t.Callable[[], Nvml]) -> t.Tuple[t.Dict[str, t.Any], t.List[Gpu], bool]:
     """(nvml facts, GPUs, whether NVML_MPS_DEVICE_ENUMERATION was set). Never raises for a missing driver."""
-    facts: t.Dict[str, t.Any] = {'available': False, 'error': None, 'driver_version': None, 'cuda_driver_version': None}
+    facts: t.Dict[str, t.Any] = {'available': False, 'error': None, 'driver_version': None, 'cuda_driver_version': None,
+                                 'driver_upgrade_pending': False}
     gpus: t.List[Gpu] = []
     enumeration_set = MPS_ENUMERATION_VAR in os.environ
     nvml = nvml_factory()
@@ -47,6 +49,7 @@ def nvml_facts(nvml_factory: t.Callable[[], Nvml]) -> t.Tuple[t.Dict[str, t.Any]
             gpus = list(nvml.gpus())
     except NvmlError as exc:
         facts['error'] = exc.msg
+        facts['driver_upgrade_pending'] = isinstance(exc, DriverUpgradePendingError)
         return facts, [], enumeration_set or nvml.enumeration_var_was_set
     facts['available'] = True
     return facts, gpus, enumeration_set or nvml.enumeration_var_was_set
@@ -159,6 +162,9 @@ class Collector:
             return
         for server in readout.servers:
             view.uids[server.pid] = self.uid_of(server.pid)
+            for pid in server.clients:
+                if pid not in view.owners:  # whose it is: its container or Slurm job, from its cgroup (issue 44)
+                    view.owners[pid] = attribute(pid, self.uid_of(pid))
 
 
 def _seconds(value: float) -> str:

@@ -12,10 +12,12 @@ from __future__ import annotations
 import os
 import typing as t
 
+from ._attribution import owner_counts
 from ._container import with_engine
 from ._errors import InvalidParameterError, MpsError
 from ._gpus import ENUMERATION_WARNING, Gpu, all_devices, is_mig_uuid
 from ._io import untraversable
+from ._proc import replaced_binary_warning
 from ._limits.model import Limits, check_replicas, slice_env
 from ._limits.partitions import parse_lspart, partitions_view
 from ._limits.store import persisted_facts, read_persisted
@@ -45,6 +47,8 @@ class Facts:
         facts: t.Dict[str, t.Any] = {'nvml': nvml, 'control_binary': self.request.control_binary}
         if enumeration_set:
             self.warnings.append(ENUMERATION_WARNING)
+        if nvml.get('driver_upgrade_pending'):
+            self.warnings.append(str(nvml['error']))
         if 'daemons' in self.request.gather:
             facts['daemons'] = self.daemons(gpus, nvml_available=nvml['available'])
             facts['other_daemons'] = self.other_daemons(gpus)
@@ -167,6 +171,8 @@ class Facts:
             'static_partitioning': record.static_partitioning if found else view.static_args.get(running_pid) if running_pid else None,
             # The MPS protocol the running daemon was started with (2 legacy, 3 MPS v3; null: not running or unreadable)
             'protocol': view.protocols.get(running_pid) if running_pid else None,
+            # The daemon's program was replaced or removed after it started (a driver package upgrade): null when unknown
+            'binary_replaced': bool(view.replaced.get(running_pid)) if running_pid else None,
             'sm_partitions': None,
         }
         if seen.corrupt:
@@ -188,6 +194,8 @@ class Facts:
                                      ', '.join(state.leftovers)))
             return facts
         self._warn_running(paths, devices, record, by_uuid, nvml_available=nvml_available, pid=state.pid, sees=sees)
+        if view.replaced.get(running_pid):
+            self.warnings.append(replaced_binary_warning(paths.name, running_pid, view.replaced[running_pid]))
         self._reported(paths, uuids, persisted, facts, static=bool(facts['static_partitioning']))
         return facts
 
@@ -250,9 +258,11 @@ class Facts:
         if 'servers' in facts:
             facts['servers'] = [{
                 'pid': server.pid, 'status': server.status, 'uid': self.view.uids.get(server.pid), 'clients': server.clients,
+                'client_owners': [self.view.owners.get(pid) or {'pid': pid, 'owner': 'unknown'} for pid in server.clients],
                 'limits': {'active_thread_percentage': server.active_thread_percentage,
                            'pinned_device_mem_limit': dict(zip(uuids, server.pinned_device_mem_limit))},
             } for server in state.servers]
+            facts['clients_by_owner'] = owner_counts(owner for server in facts['servers'] for owner in server['client_owners'])
         differences = limit_differences(persisted, state.default_percentage, mem, uuids, state.default_priority)
         if static:
             partitions = parse_lspart(state.lspart_text, uuids) if state.lspart_text is not None else None

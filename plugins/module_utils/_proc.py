@@ -115,6 +115,28 @@ def started_protocol(pid: int) -> t.Optional[int]:
     return None if environ is None else 2
 
 
+DELETED = ' (deleted)'
+
+
+def replaced_binary(pid: int) -> t.Optional[str]:
+    """The path of the program ``pid`` runs when that file was replaced or removed after it started - a driver package
+    upgrade replaces ``nvidia-cuda-mps-control`` under a running daemon, and the kernel then names its executable
+    ``<path> (deleted)`` -, else None (also when ``/proc/<pid>/exe`` cannot be read: another user's, without root)."""
+    try:
+        target = os.readlink('/proc/%d/exe' % pid)
+    except OSError:
+        return None
+    return target[:-len(DELETED)] if target.endswith(DELETED) else None
+
+
+def replaced_binary_warning(name: str, pid: int, path: str) -> str:
+    """What a run says of a daemon whose program was replaced or removed after it started (and that it keeps as it is)."""
+    return ('driver upgrade pending: the MPS control daemon of %s (pid %d) runs %s, which was replaced or removed after it '
+            'started (a driver package upgrade?); it keeps serving with the program it was started from. Nothing was changed: '
+            'once NVML reports the new driver (after a reboot or a module reload) the next run restarts it under the busy '
+            'policy; to take the new program now, restart it when its clients allow (state=restarted)' % (name, pid, path))
+
+
 def has_open(pid: int, path: str) -> bool:
     real = os.path.realpath(path)
     try:

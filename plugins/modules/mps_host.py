@@ -375,7 +375,7 @@ import sys
 # First of the module_utils: importing it installs the host's bytecode cache, so that the others' code is not compiled
 # from the payload on every run.
 from ansible_collections.gpufleet.mps.plugins.module_utils._bytecode import STATUS as BYTECODE
-from ansible_collections.gpufleet.mps.plugins.module_utils._errors import MpsError, NvmlError
+from ansible_collections.gpufleet.mps.plugins.module_utils._errors import DriverUpgradePendingError, MpsError, NvmlError
 from ansible_collections.gpufleet.mps.plugins.module_utils._gpus import ENUMERATION_WARNING, Nvml
 from ansible_collections.gpufleet.mps.plugins.module_utils._host.manager import HostManager
 from ansible_collections.gpufleet.mps.plugins.module_utils._module import control_binary, run_module
@@ -431,6 +431,10 @@ def run(module):
     except NvmlError as exc:
         nvml.__exit__(None, None, None)
         info['error'] = exc.msg
+        if isinstance(exc, DriverUpgradePendingError):
+            # a GPU host whose driver is half upgraded, not a host without a GPU: failed, whatever require_gpu says
+            info['driver_upgrade_pending'] = True
+            raise MpsError(exc.msg, nvml=info) from exc
         gpus = []
     try:
         if nvml.enumeration_var_was_set:

@@ -134,6 +134,14 @@ nvml:
       description: The NVIDIA driver's version; null when unknown.
       type: str
       sample: 560.35.03
+    driver_upgrade_pending:
+      description:
+        - V(true) when NVML answers "Driver/library version mismatch" - the driver's libraries were upgraded while the
+          old kernel module is still loaded, until a reboot or a module reload. The running daemons are reported from
+          what can be read without NVML; the other modules refuse to change anything on such a host.
+      type: bool
+      sample: false
+      version_added: 0.2.0
     cuda_driver_version:
       description: The newest CUDA version the driver supports; null when unknown.
       type: str
@@ -400,6 +408,14 @@ daemons:
       type: str
       sample: 580.159.04
       version_added: 0.2.0
+    binary_replaced:
+      description:
+        - V(true) when the program the running daemon was started from was replaced or removed since (the kernel names it
+          C(<path> (deleted)), as after a driver package upgrade under the running daemon); a warning says what to do. Null when
+          it is not running or its process cannot be read.
+      type: bool
+      sample: false
+      version_added: 0.2.0
     protocol:
       description:
         - The MPS protocol the running daemon was started with, from its arguments and environment (C(-p 3),
@@ -479,6 +495,14 @@ daemons:
           type: list
           elements: str
           sample: ['active thread percentage 25.0 persisted, 50.0 reported']
+    clients_by_owner:
+      description:
+        - The daemon's clients counted by owner kind (V(container), V(slurm_job), V(host), V(unknown); each present, zero
+          included) - a bounded summary of RV(daemons[].servers[].client_owners). Returned when O(gather) contains
+          V(servers) and the daemon answered.
+      type: dict
+      version_added: 0.2.0
+      sample: {container: 2, slurm_job: 0, host: 0, unknown: 0}
     servers:
       description:
         - The daemon's MPS servers, in the order the daemon lists them. Returned when O(gather) contains V(servers).
@@ -508,6 +532,21 @@ daemons:
           type: list
           elements: int
           sample: [4267, 4301]
+        client_owners:
+          description:
+            - Whose each client is, in the order of RV(daemons[].servers[].clients) - from its cgroup, where the engine
+              that started it placed it, and its environment. C(owner) is V(container), V(slurm_job), V(host) (every
+              cgroup path in systemd's slices or scopes) or V(unknown) (unreadable, the root of a cgroup namespace of its
+              own, or a layout not known here). C(engine) (V(docker), V(podman), V(containerd), V(crio), V(kubernetes)
+              where the path names a pod but not its runtime, null when unknown), C(container) (its id), C(pod) (a
+              Kubernetes pod's uid), C(job) (the Slurm job its cgroup is in - slurmstepd put it there), C(claimed_job)
+              (C(SLURM_JOB_ID) of its environment - said by the process, not proven) and C(uid).
+          type: list
+          elements: dict
+          version_added: 0.2.0
+          sample:
+            - {pid: 4267, uid: 1000, owner: container, engine: podman, container: 93afc7bc3ce42ad052d2926ffacfba941803bfae080941d1e1375d9d46b6a281,
+               pod: null, job: null, claimed_job: null}
         limits:
           description:
             - What the server hands to clients that connect from now on - active thread percentage and pinned memory

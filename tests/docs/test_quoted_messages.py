@@ -61,6 +61,17 @@ NOT_PRODUCED: Dict[str, str] = {
     '"nvidia-cuda-mps-control -q" with CUDA_MPS_PIPE_DIRECTORY set to its pipe directory (or by whatever started it), then run again':
         'needs a control binary with protocol 3 (binary 13040): tests/unit/plugins/modules/test_protocol.py starts a v3 '
         'daemon in a resource pipe directory by hand and checks this message from mps_host, mps_daemon and mps_info',
+    'driver upgrade pending: NVML answers "RM has detected an NVML/RM version mismatch." - the NVIDIA driver\'s libraries '
+    'were upgraded while the old kernel module is still loaded (a driver package upgraded without a reboot). Running MPS '
+    'daemons keep serving with the old driver; nothing can be read or changed safely until the new module is loaded: '
+    'reboot (or stop every GPU process, reload the nvidia kernel modules and start nvidia-persistenced), then run again - '
+    'each daemon started under the old driver is then restarted under the busy policy':
+        'needs NVML to answer NVML_ERROR_LIB_RM_VERSION_MISMATCH (a fault of the fake NVML): '
+        'tests/unit/plugins/modules/test_driver_state.py checks this message from mps_host, mps_daemon and mps_info',
+    'driver upgrade pending: the MPS control daemon of train (pid 4242) runs /usr/bin/nvidia-cuda-mps-control, which '
+    'was replaced or removed after it started ...':
+        'needs the daemon\'s program removed under it: tests/unit/plugins/modules/test_driver_state.py runs the simulator '
+        'from a hard link of the interpreter and removes it',
 }
 
 NUMBERS = re.compile(r'(?<=\bpid )\d+|(?<=\bkill )\d+|(?<=\bCLIENT )\d+|\b\d+(?=s\b)')

@@ -21,7 +21,7 @@ import shlex
 import subprocess
 import sys
 import time
-from typing import Any, Dict, Iterator, List, NamedTuple
+from typing import Any, Dict, Iterator, List, NamedTuple, Sequence
 
 import pytest
 import yaml
@@ -82,7 +82,7 @@ def role(lab: Lab, name: str, **role_vars: Any) -> str:
         'roles': [{'role': 'gpufleet.mps.fleet', 'vars': role_vars}]}])
 
 
-def info(lab: Lab) -> Dict[str, Dict[str, Any]]:
+def info(lab: Lab, gather: Sequence[str] = ('daemons',)) -> Dict[str, Dict[str, Any]]:
     """mps_info's daemons by name, as a play registers them and writes them to a file."""
     out = os.path.join(lab.work, 'info.json')
     playbook(lab.work, lab.collections, 'info.yml', [{
@@ -90,7 +90,7 @@ def info(lab: Lab) -> Dict[str, Dict[str, Any]]:
         'tasks': [
             {'name': 'Gather the daemons', 'gpufleet.mps.mps_info': {
                 'root': '{{ mps_root }}', 'config_dir': '{{ mps_config_dir }}', 'control_binary': '{{ mps_control_binary }}',
-                'gather': ['daemons']}, 'register': 'info'},
+                'gather': list(gather)}, 'register': 'info'},
             {'name': 'Write them for the container runner', 'ansible.builtin.copy': {
                 'dest': out, 'content': '{{ info.daemons | to_json }}', 'mode': '0644'}},
         ]}])
@@ -220,6 +220,36 @@ def test_a_client_in_a_container_reaches_its_daemon_through_the_view(lab: Lab, c
     assert any('NEW CLIENT 0 from user 65534: ' in line for line in control_log(lab, 'infer'))
     assert not any('from user 65534' in line for line in control_log(lab, 'train'))
     lab.quotes.extend(line for line in control_log(lab, 'infer') if 'user 65534' in line)
+    show(capsys, lab, since)
+
+
+def test_mps_info_names_the_container_of_each_client(lab: Lab, capsys: pytest.CaptureFixture) -> None:
+    """Whose client is it (issue 44): a client held in a container; mps_info attributes it to that container's id, from
+    the cgroup podman put it in."""
+    since = len(lab.quotes)
+    view = info(lab)['infer']['container']
+    name = 'attributed-%d' % os.getpid()
+    argv = lab.podman.run_argv(['-i', '--name', name, '--user', UID, '--volume', CLIENT + ':' + CLIENT_IN + ':ro']
+                               + lab.engine_args(view)['podman'], ['python3', CLIENT_IN, '--timeout', '30'])
+    held = subprocess.Popen(argv, env=lab.podman.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,  # pylint: disable=consider-using-with
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        line = held.stdout.readline()
+        assert line and json.loads(line)['ok'], line + held.stderr.read() if held.poll() is not None else line
+        found = lab.podman.podman(['inspect', '--format', '{{.Id}} {{.State.Pid}}', name])
+        assert found.returncode == 0, found.stderr
+        container, pid = found.stdout.split()
+        daemon = info(lab, ('daemons', 'servers'))['infer']
+        owners = [owner for server in daemon['servers'] for owner in server['client_owners']]
+        assert [(o['owner'], o['engine'], o['container'], o['uid']) for o in owners] == [('container', 'podman', container, 65534)], owners
+        assert owners[0]['pid'] == int(pid)  # the client is the container's own process
+        assert daemon['clients_by_owner'] == {'container': 1, 'slurm_job': 0, 'host': 0, 'unknown': 0}
+        with open('/proc/%d/cgroup' % owners[0]['pid'], encoding='utf-8') as handle:
+            lab.quotes.extend(['$ cat /proc/%d/cgroup   # the client, as mps_info read it' % owners[0]['pid']] + handle.read().splitlines())
+        lab.quotes.append('client_owners: %s' % json.dumps(owners))
+    finally:
+        held.stdin.close()
+        held.wait(60)
     show(capsys, lab, since)
 
 

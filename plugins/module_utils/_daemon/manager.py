@@ -19,6 +19,7 @@ from .._errors import InvalidParameterError, MpsError
 from .._gpus import Nvml, all_devices
 from .._outcome import Outcome
 from .._io import refuse_unsafe_dirs
+from .._proc import replaced_binary_warning
 from .._observe.reader import Wants
 from .._observe.scan import orphan_warnings
 from .._container import with_engine
@@ -225,6 +226,9 @@ class DaemonManager:
             check_shm_start(run, wanted)
         if action == 'keep':
             # Healthy and as wanted: only the compute mode may have drifted (it resets at reboot).
+            replaced = self.view.replaced.get(current.pid) if current.pid else None
+            if replaced:
+                out.warnings.append(replaced_binary_warning(run.paths.name, current.pid, replaced))
             claims = self.devices.foreign()[0]
             for gpu in wanted.devices:
                 if gpu.uuid in claims:

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from .._errors import DaemonProtocolError, MpsError
 from .._gpus import Gpu
 from .._io import ancestors
-from .._proc import child_pids, daemon_dev_shm, read_locks, read_mountinfo, started_protocol, started_static, uuids_from_environ
+from .._proc import (child_pids, daemon_dev_shm, read_locks, read_mountinfo, replaced_binary, started_protocol, started_static,
+                     uuids_from_environ)
 from .._protocol.batch import read_batch
 from .._resource.layout import OWN_ENTRIES, SHM_DIR, ConfigPaths, ResourcePaths, config_paths, resource_paths
 from .._supervisor.liveness import LOCK_FILE, PIPE_DIR_FILES, inspect
@@ -176,10 +177,12 @@ def clients_of(readout: t.Any) -> t.List[t.Dict[str, t.Any]]:
 
 def read_process(view: HostView, pid: int, shm_dir: t.Optional[str], *, record_known: bool) -> None:
     """What a running daemon's process shows: its /dev/shm (``shm_dir``: the tmpfs to compare with, where it exists; None:
-    not asked), the MPS protocol it was started with, and - without a start record - its CUDA_VISIBLE_DEVICES and whether
-    it was started with -S."""
+    not asked), the MPS protocol it was started with, whether its program was replaced since, and - without a start record -
+    its CUDA_VISIBLE_DEVICES and whether it was started with -S."""
     if pid not in view.protocols:
         view.protocols[pid] = started_protocol(pid)
+    if pid not in view.replaced:
+        view.replaced[pid] = replaced_binary(pid)
     if shm_dir is not None and pid not in view.dev_shm:
         view.dev_shm[pid] = daemon_dev_shm(pid, shm_dir) if view.paths.isdir(shm_dir) else None
     if not record_known:

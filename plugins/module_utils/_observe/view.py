@@ -89,6 +89,10 @@ class HostView:
     static_args: t.Dict[int, t.Optional[bool]] = field(default_factory=dict)
     # Per running daemon pid: the MPS protocol it was started with (2, 3; None: unreadable), read before its control batch.
     protocols: t.Dict[int, t.Optional[int]] = field(default_factory=dict)
+    # Per running daemon pid: the path of its program when that file was replaced or removed since it started, else None.
+    replaced: t.Dict[int, t.Optional[str]] = field(default_factory=dict)
+    # mps_info: whose each client process is (_attribution.attribute), by pid, read with its daemon's servers.
+    owners: t.Dict[int, t.Dict[str, t.Any]] = field(default_factory=dict)
     # The mount table as this process sees it (None: not read: no decision of the run needs it), and the real path of
     # each path a decision compares with its mount points (the kernel names mount points by their real path).
     mountinfo: t.Optional[str] = None

@@ -78,7 +78,8 @@ def test_a_host_without_nvml_does_not_fail(common, capsys, monkeypatch, breakage
     result = run_module(mps_info, common, capsys)
     assert not result.get('failed'), result
     assert result['nvml'] == {'available': False, 'error': result['nvml']['error'], 'driver_version': None,
-                              'cuda_driver_version': None, 'python_binding': breakage == 'no driver'}
+                              'cuda_driver_version': None, 'python_binding': breakage == 'no driver',
+                              'driver_upgrade_pending': False}
     assert result['nvml']['error'] and result['gpus'] == [] and result['daemons'] == []
 
 

@@ -27,7 +27,11 @@ def _binary_13040():
 def _start_by_hand(host, name, *args, env=None):
     """A daemon started in the resource's pipe directory by hand, as an operator (or another tool) would."""
     environ = {key: value for key, value in os.environ.items() if not key.startswith('CUDA_MPS_')}
-    environ.update(CUDA_MPS_PIPE_DIRECTORY=host.pipe(name), CUDA_MPS_LOG_DIRECTORY=os.path.join(host.root, name, 'log'), **(env or {}))
+    with open(os.environ['FAKE_NVML_CONFIG'], encoding='utf-8') as handle:
+        first_gpu = re.search(r'(?m)^uuid = (\S+)$', handle.read()).group(1)
+    # on this host's GPU 0 only: a daemon without CUDA_VISIBLE_DEVICES serves every GPU, other tests' hosts' too
+    environ.update(CUDA_MPS_PIPE_DIRECTORY=host.pipe(name), CUDA_MPS_LOG_DIRECTORY=os.path.join(host.root, name, 'log'),
+                   CUDA_VISIBLE_DEVICES=first_gpu, **(env or {}))
     proc = subprocess.run([host.binary, '-d', *args], env=environ, capture_output=True, text=True, timeout=30, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     with open(os.path.join(host.pipe(name), 'nvidia-cuda-mps-control.pid'), encoding='utf-8') as handle:
@@ -104,7 +108,8 @@ def test_started_protocol_reads_arguments_and_environment(argv, env, expected):
     from ansible_collections.gpufleet.mps.plugins.module_utils._proc import started_protocol  # pylint: disable=import-outside-toplevel
     environ = {key: value for key, value in os.environ.items() if not key.startswith('CUDA_MPS_')}
     environ.update(env)
-    proc = subprocess.Popen([sys.executable, '-c', 'import sys; print(1, flush=True); sys.stdin.read()', *argv], env=environ,  # pylint: disable=consider-using-with
+    code = 'import sys; print(1, flush=True); sys.stdin.read()'
+    proc = subprocess.Popen([sys.executable, '-c', code, *argv], env=environ,  # pylint: disable=consider-using-with
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         assert proc.stdout.readline() == b'1\n', proc.stderr.read()  # running, its arguments and environment in place
