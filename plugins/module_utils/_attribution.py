@@ -30,10 +30,10 @@ from ._proc import environ_of
 
 _ID = r'([0-9a-f]{64})'
 _KUBE_ID = r'([0-9a-f]{64}|[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})'
-# (engine, pattern): the first engine that matches any line wins; within it, the innermost (last) match.
+# (engine, pattern), in precedence order: a named engine before the bare-id fallback (see parse_cgroup).
 PATTERNS: t.Tuple[t.Tuple[str, t.Pattern[str]], ...] = (
     ('podman', re.compile(r'libpod-(?!conmon-)' + _ID + r'(?:\.scope)?(?=/|$)')),
-    ('crio', re.compile(r'crio-(?!conmon-)' + _ID + r'\.scope')),
+    ('crio', re.compile(r'crio-(?!conmon-)' + _ID + r'(?:\.scope)?(?=/|$)')),
     ('containerd', re.compile(r'cri-containerd[-:]' + _ID)),
     ('docker', re.compile(r'docker-' + _ID + r'\.scope')),
     ('docker', re.compile(r'/docker/' + _ID + r'(?=/|$)')),
@@ -46,7 +46,10 @@ PATTERNS: t.Tuple[t.Tuple[str, t.Pattern[str]], ...] = (
 # /../...): a path elsewhere that names no engine is unknown, not the host's.
 HOST_PATHS = re.compile(r'^(?:/\.\.)*/(?:user\.slice|system\.slice|init\.scope|user-\d+\.slice|session-\d+\.scope)(?:/|$)')
 _POD = re.compile(r'pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}|[0-9a-f]{32})(?:\.slice|/)')
-_SLURM_JOB = re.compile(r'(?:/slurm/uid_\d+|slurmstepd\.scope)/job_(\d+)(?=/|$)')
+# /slurm/uid_N/job_N (v1; /slurm_<node>/... where several slurmd share a host), <node>_slurmstepd.scope/job_N (v2)
+_SLURM_JOB = re.compile(r'(?:/slurm(?:_[^/]+)?/uid_\d+|slurmstepd\.scope)/job_(\d+)(?=/|$)')
+_HEX64 = re.compile(r'[0-9a-f]{64}')
+_CLAIMED_JOB = re.compile(r'\d+(?:_\d+)?')
 OWNER_KINDS = ('container', 'slurm_job', 'host', 'unknown')
 
 
@@ -62,14 +65,22 @@ def cgroup_paths(text: str) -> t.List[str]:
 
 
 def parse_cgroup(text: str) -> t.Dict[str, t.Optional[str]]:
-    """``{engine, container, pod, job}`` of a ``/proc/<pid>/cgroup`` text; each None where the paths do not say."""
+    """``{engine, container, pod, job}`` of a ``/proc/<pid>/cgroup`` text; each None where the paths do not say.
+
+    The innermost container wins: of every match of every layout in a path, the one that ends furthest to the right (a
+    container in a container - docker in docker, kind's nodes - is its innermost engine's); a named engine before the
+    bare-id fallback where both end at the same place; the deepest over the lines."""
     found: t.Dict[str, t.Optional[str]] = {'engine': None, 'container': None, 'pod': None, 'job': None}
     paths = cgroup_paths(text)
-    for engine, pattern in PATTERNS:
-        matches = [match for path in paths for match in pattern.findall(path)]
-        if matches:
-            found['engine'], found['container'] = engine or None, matches[-1]
-            break
+    best: t.Optional[t.Tuple[int, int, str, str]] = None  # (end, -precedence, engine, id)
+    for path in paths:
+        for rank, (engine, pattern) in enumerate(PATTERNS):
+            for match in pattern.finditer(path):
+                candidate = (match.end(1), -rank, engine, match.group(1))
+                if best is None or candidate[:2] > best[:2]:
+                    best = candidate
+    if best is not None:
+        found['engine'], found['container'] = best[2] or None, best[3]
     for path in paths:
         pod = _POD.search(path)
         if pod and found['container'] and found['pod'] is None:
@@ -89,7 +100,8 @@ def owner_kind(text: str, found: t.Mapping[str, t.Optional[str]]) -> str:
     if found.get('job'):
         return 'slurm_job'
     paths = [path for path in cgroup_paths(text) if path != '/']
-    if paths and all(HOST_PATHS.match(path) for path in paths):
+    # a 64-hex id in a path is some engine's container (nerdctl-<id>.scope under system.slice...): never the host's
+    if paths and all(HOST_PATHS.match(path) and not _HEX64.search(path) for path in paths):
         return 'host'
     return 'unknown'
 
@@ -105,7 +117,8 @@ def attribute(pid: int, uid: t.Optional[int] = None, proc: str = '/proc') -> t.D
     found = parse_cgroup(text)
     kind = owner_kind(text, found)
     environ = environ_of(pid) if proc == '/proc' else None
-    claimed = (environ or {}).get('SLURM_JOB_ID') or None
+    claimed = (environ or {}).get('SLURM_JOB_ID', '').strip()
+    claimed = claimed if _CLAIMED_JOB.fullmatch(claimed) else None  # a job id (an array's 123_4), never free text
     return {'pid': pid, 'uid': uid, 'owner': kind, 'engine': found['engine'], 'container': found['container'],
             'pod': found['pod'], 'job': found['job'], 'claimed_job': claimed}
 

@@ -236,9 +236,10 @@ def _text(value: t.Union[str, bytes]) -> str:
 DRIVER_UPGRADE_PENDING = (
     'driver upgrade pending: NVML answers "%s" - the NVIDIA driver\'s libraries were upgraded while the old kernel module '
     'is still loaded (a driver package upgraded without a reboot). Running MPS daemons keep serving with the old driver; '
-    'nothing can be read or changed safely until the new module is loaded: reboot (or stop every GPU process, reload the '
-    'nvidia kernel modules and start nvidia-persistenced), then run again - each daemon started under the old driver is '
-    'then restarted under the busy policy')
+    'nothing can be read or changed safely until the new module is loaded, so nothing was (a stop or teardown included): '
+    'reboot (or stop every GPU process - each MPS daemon with "echo quit | nvidia-cuda-mps-control" and its '
+    'CUDA_MPS_PIPE_DIRECTORY - reload the nvidia kernel modules and start nvidia-persistenced), then run again; each '
+    'daemon still running from before is then restarted under the busy policy')
 
 
 def describe_nvml_error(exc: Exception) -> str:

@@ -172,7 +172,7 @@ class Facts:
             # The MPS protocol the running daemon was started with (2 legacy, 3 MPS v3; null: not running or unreadable)
             'protocol': view.protocols.get(running_pid) if running_pid else None,
             # The daemon's program was replaced or removed after it started (a driver package upgrade): null when unknown
-            'binary_replaced': bool(view.replaced.get(running_pid)) if running_pid else None,
+            'binary_replaced': None if not running_pid or view.replaced.get(running_pid) is None else bool(view.replaced[running_pid]),
             'sm_partitions': None,
         }
         if seen.corrupt:

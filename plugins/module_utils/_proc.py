@@ -121,20 +121,21 @@ DELETED = ' (deleted)'
 def replaced_binary(pid: int) -> t.Optional[str]:
     """The path of the program ``pid`` runs when that file was replaced or removed after it started - a driver package
     upgrade replaces ``nvidia-cuda-mps-control`` under a running daemon, and the kernel then names its executable
-    ``<path> (deleted)`` -, else None (also when ``/proc/<pid>/exe`` cannot be read: another user's, without root)."""
+    ``<path> (deleted)`` -, '' when it was not, None when ``/proc/<pid>/exe`` cannot be read (another user's, without
+    root)."""
     try:
         target = os.readlink('/proc/%d/exe' % pid)
     except OSError:
         return None
-    return target[:-len(DELETED)] if target.endswith(DELETED) else None
+    return target[:-len(DELETED)] if target.endswith(DELETED) else ''
 
 
 def replaced_binary_warning(name: str, pid: int, path: str) -> str:
     """What a run says of a daemon whose program was replaced or removed after it started (and that it keeps as it is)."""
     return ('driver upgrade pending: the MPS control daemon of %s (pid %d) runs %s, which was replaced or removed after it '
-            'started (a driver package upgrade?); it keeps serving with the program it was started from. Nothing was changed: '
-            'once NVML reports the new driver (after a reboot or a module reload) the next run restarts it under the busy '
-            'policy; to take the new program now, restart it when its clients allow (state=restarted)' % (name, pid, path))
+            'started (a driver package upgrade or reinstall); it keeps serving with the program it was started from, and NVML '
+            'still reports the driver it was started under, so no restart is planned for it: restart it when its clients '
+            'allow (state=restarted), or reboot, to take the new program' % (name, pid, path))
 
 
 def has_open(pid: int, path: str) -> bool:

@@ -133,7 +133,10 @@ options:
     type: bool
     default: true
   require_gpu:
-    description: Fail a host without a usable NVIDIA GPU instead of leaving it alone with RV(managed=false).
+    description:
+      - Fail a host without a usable NVIDIA GPU instead of leaving it alone with RV(managed=false).
+      - A host whose driver upgrade is pending (NVML answers "Driver/library version mismatch") is a GPU host to act on,
+        not one without a GPU - it fails whatever this says, and nothing is changed on it.
     type: bool
     default: false
   shm_size:

@@ -138,7 +138,8 @@ nvml:
       description:
         - V(true) when NVML answers "Driver/library version mismatch" - the driver's libraries were upgraded while the
           old kernel module is still loaded, until a reboot or a module reload. The running daemons are reported from
-          what can be read without NVML; the other modules refuse to change anything on such a host.
+          what can be read without NVML; M(gpufleet.mps.mps_host), M(gpufleet.mps.mps_daemon) and
+          M(gpufleet.mps.mps_limits) fail on such a host and change nothing (M(gpufleet.mps.mps_shm) needs no NVML).
       type: bool
       sample: false
       version_added: 0.2.0

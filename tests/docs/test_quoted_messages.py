@@ -63,9 +63,10 @@ NOT_PRODUCED: Dict[str, str] = {
         'daemon in a resource pipe directory by hand and checks this message from mps_host, mps_daemon and mps_info',
     'driver upgrade pending: NVML answers "RM has detected an NVML/RM version mismatch." - the NVIDIA driver\'s libraries '
     'were upgraded while the old kernel module is still loaded (a driver package upgraded without a reboot). Running MPS '
-    'daemons keep serving with the old driver; nothing can be read or changed safely until the new module is loaded: '
-    'reboot (or stop every GPU process, reload the nvidia kernel modules and start nvidia-persistenced), then run again - '
-    'each daemon started under the old driver is then restarted under the busy policy':
+    'daemons keep serving with the old driver; nothing can be read or changed safely until the new module is loaded, so '
+    'nothing was (a stop or teardown included): reboot (or stop every GPU process - each MPS daemon with "echo quit | '
+    'nvidia-cuda-mps-control" and its CUDA_MPS_PIPE_DIRECTORY - reload the nvidia kernel modules and start '
+    'nvidia-persistenced), then run again; each daemon still running from before is then restarted under the busy policy':
         'needs NVML to answer NVML_ERROR_LIB_RM_VERSION_MISMATCH (a fault of the fake NVML): '
         'tests/unit/plugins/modules/test_driver_state.py checks this message from mps_host, mps_daemon and mps_info',
     'driver upgrade pending: the MPS control daemon of train (pid 4242) runs /usr/bin/nvidia-cuda-mps-control, which '

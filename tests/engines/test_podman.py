@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import select
 import shlex
 import subprocess
 import sys
@@ -234,8 +235,9 @@ def test_mps_info_names_the_container_of_each_client(lab: Lab, capsys: pytest.Ca
     held = subprocess.Popen(argv, env=lab.podman.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,  # pylint: disable=consider-using-with
                             stderr=subprocess.PIPE, text=True)
     try:
-        line = held.stdout.readline()
-        assert line and json.loads(line)['ok'], line + held.stderr.read() if held.poll() is not None else line
+        ready = select.select([held.stdout], [], [], 90)[0]
+        line = held.stdout.readline() if ready else ''
+        assert line and json.loads(line)['ok'], 'the held client printed %r' % line
         found = lab.podman.podman(['inspect', '--format', '{{.Id}} {{.State.Pid}}', name])
         assert found.returncode == 0, found.stderr
         container, pid = found.stdout.split()
@@ -249,7 +251,12 @@ def test_mps_info_names_the_container_of_each_client(lab: Lab, capsys: pytest.Ca
         lab.quotes.append('client_owners: %s' % json.dumps(owners))
     finally:
         held.stdin.close()
-        held.wait(60)
+        try:
+            held.wait(60)
+        except subprocess.TimeoutExpired:
+            held.kill()
+            held.wait(10)
+        lab.podman.podman(['rm', '-f', name])  # gone with --rm already, unless the client hung
     show(capsys, lab, since)
 
 

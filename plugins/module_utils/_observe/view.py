@@ -89,7 +89,8 @@ class HostView:
     static_args: t.Dict[int, t.Optional[bool]] = field(default_factory=dict)
     # Per running daemon pid: the MPS protocol it was started with (2, 3; None: unreadable), read before its control batch.
     protocols: t.Dict[int, t.Optional[int]] = field(default_factory=dict)
-    # Per running daemon pid: the path of its program when that file was replaced or removed since it started, else None.
+    # Per running daemon pid: the path of its program when that file was replaced or removed since it started, '' when it
+    # was not, None when unreadable.
     replaced: t.Dict[int, t.Optional[str]] = field(default_factory=dict)
     # mps_info: whose each client process is (_attribution.attribute), by pid, read with its daemon's servers.
     owners: t.Dict[int, t.Dict[str, t.Any]] = field(default_factory=dict)

@@ -71,3 +71,30 @@ def test_a_live_process_claims_its_job_and_is_read_from_proc(tmp_path):
         proc.wait(10)
     gone = attribute(proc.pid)
     assert gone['owner'] == 'unknown' and gone['claimed_job'] is None
+
+
+# Layouts composed from the real ones above (each part cited there), for what the fixtures do not show whole.
+NESTED = [
+    # docker in docker under systemd: the inner container's, not the outer one's
+    ('0::/system.slice/docker-%s.scope/docker/%s' % ('1' * 64, '2' * 64), 'docker', '2' * 64),
+    # kind on docker (cgroupfs): the pod's container, not the node container
+    ('12:pids:/docker/%s/kubelet/kubepods/burstable/pod0e886e9a-3879-45f9-b44d-86ef9df03224/%s' % ('3' * 64, '4' * 64),
+     'kubernetes', '4' * 64),
+    # kind on podman: containerd's container inside the node
+    ('0::/machine.slice/libpod-%s.scope/kubelet.slice/kubelet-kubepods.slice/cri-containerd-%s.scope' % ('5' * 64, '6' * 64),
+     'containerd', '6' * 64),
+    # CRI-O with its cgroupfs manager: no .scope
+    ('0::/kubepods/besteffort/pod1fe19bf5-e8ef-11e8-900c-52daee5a874d/crio-%s' % ('7' * 64), 'crio', '7' * 64),
+]
+
+
+@pytest.mark.parametrize('text, engine, container', NESTED)
+def test_the_innermost_container_is_the_clients(text, engine, container):
+    found = parse_cgroup(text)
+    assert (found['engine'], found['container']) == (engine, container)
+
+
+def test_slurm_with_several_slurmd_per_host_and_unknown_engines_under_system_slice():
+    assert parse_cgroup('4:freezer:/slurm_node7/uid_1000/job_31/step_0')['job'] == '31'
+    nerdctl = '0::/system.slice/nerdctl-%s.scope' % ('8' * 64)
+    assert owner_kind(nerdctl, parse_cgroup(nerdctl)) == 'unknown'  # an engine not known here: never the host

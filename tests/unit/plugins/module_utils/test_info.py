@@ -156,7 +156,7 @@ def test_nvml_facts_on_a_gpu_host(gpu_host):
     gpu_host()
     facts, gpus, enumeration = _info.nvml_facts(_gpus.Nvml)
     assert facts == {'available': True, 'error': None, 'driver_version': '560.35.03', 'cuda_driver_version': '12.6',
-                     'python_binding': True}
+                     'python_binding': True, 'driver_upgrade_pending': False}
     assert len(gpus) == 4 and not enumeration
 
 
@@ -429,6 +429,9 @@ def test_the_facts_are_rendered_from_a_hand_built_view_alone(monkeypatch):
     view.resources['train'] = ResourceView(paths, Liveness(True, 4100, 4100), None, _info_facts_record(record))
     view.readouts['train'] = ((1, 4100), _batch.DaemonReadout(25.0, ['3G'], [_batch.ServerReadout(4200, 'ACTIVE', [4300], 25.0, ['3G'])], 0))
     view.uids[4200], view.dev_shm[4100] = 1000, '/dev/shm'
+    owner = {'pid': 4300, 'uid': 1000, 'owner': 'slurm_job', 'engine': None, 'container': None, 'pod': None, 'job': '77',
+             'claimed_job': '77'}
+    view.owners[4300], view.protocols[4100], view.replaced[4100] = owner, 2, ''
     view.daemons = ([ForeignDaemon(4400, root + '/gone/pipe', 0, [UUID0], orphan=True)], [])
     view.seal()
     monkeypatch.setattr(os, 'stat', _refuse)
@@ -441,8 +444,10 @@ def test_the_facts_are_rendered_from_a_hand_built_view_alone(monkeypatch):
     assert daemon['limits']['reported']['active_thread_percentage'] == 25.0
     assert daemon['limits']['persisted']['active_thread_percentage'] == 50.0
     assert daemon['limits']['differences'] == ['active thread percentage 50.0 persisted, 25.0 reported']
-    assert daemon['servers'] == [{'pid': 4200, 'status': 'ACTIVE', 'uid': 1000, 'clients': [4300],
+    assert daemon['servers'] == [{'pid': 4200, 'status': 'ACTIVE', 'uid': 1000, 'clients': [4300], 'client_owners': [owner],
                                   'limits': {'active_thread_percentage': 25.0, 'pinned_device_mem_limit': {UUID0: '3G'}}}]
+    assert daemon['clients_by_owner'] == {'container': 0, 'slurm_job': 1, 'host': 0, 'unknown': 0}
+    assert (daemon['protocol'], daemon['binary_replaced']) == (2, False)
     assert [other['pid'] for other in facts['other_daemons'] if other['orphan']] == [4400]
     assert facts['resources'] == ['train'] and facts['shm']['mounted'] is False
     assert any('differ from the persisted ones' in warning for warning in warnings)

@@ -13,7 +13,6 @@ import sys
 
 import pytest
 
-from conftest import warnings_of  # pylint: disable=wrong-import-order
 
 TRAIN = [{'name': 'train', 'devices': [0]}]
 
@@ -30,7 +29,7 @@ def _mismatch(text):
     return text.replace('[system]\n', '[system]\nfail.nvmlInit = NVML_ERROR_LIB_RM_VERSION_MISMATCH\n', 1)
 
 
-def test_a_driver_library_mismatch_changes_nothing_and_says_what_to_do(host):
+def test_a_driver_library_mismatch_changes_nothing_and_says_what_to_do(host, warnings):
     first = host.ok(TRAIN)
     pid = first['resources'][0]['pid']
     _ini(_mismatch)
@@ -45,7 +44,7 @@ def test_a_driver_library_mismatch_changes_nothing_and_says_what_to_do(host):
     assert daemon.get('failed') and daemon['msg'].startswith('driver upgrade pending') and list(host.daemons()) == [pid]
     info = host.module('mps_info', gather=['daemons'])
     assert not info.get('failed') and info['nvml']['driver_upgrade_pending'] is True and not info['nvml']['available']
-    assert any(text.startswith('driver upgrade pending') for text in warnings_of(info))
+    assert any(text.startswith('driver upgrade pending') for text in warnings(info))
     assert [(d['name'], d['running'], d['pid']) for d in info['daemons']] == [('train', True, pid)]
     # The new module loaded (a reboot or a reload): NVML answers with the new driver, and the daemon started under the old
     # one is restarted, under the busy policy.
@@ -76,7 +75,7 @@ def _linked_python(base):
     return link if probe.returncode == 0 else None
 
 
-def test_a_control_binary_replaced_under_its_daemon_is_reported_and_left_running(host):
+def test_a_control_binary_replaced_under_its_daemon_is_reported_and_left_running(host, warnings):
     link = _linked_python(host.base)
     if link is None:
         pytest.skip('no hard link to the interpreter can be made here')
@@ -89,13 +88,14 @@ def test_a_control_binary_replaced_under_its_daemon_is_reported_and_left_running
     first = host.ok(TRAIN, control_binary=control)
     pid = first['resources'][0]['pid']
     quiet = host.ok(TRAIN, control_binary=control)
-    assert not quiet['changed'] and not any('driver upgrade pending' in text for text in warnings_of(quiet))
+    assert not quiet['changed'] and not any('driver upgrade pending' in text for text in warnings(quiet))
+    assert [d['binary_replaced'] for d in host.module('mps_info', gather=['daemons'], control_binary=control)['daemons']] == [False]
     os.unlink(link)  # the package manager replaced it: the running daemon's program is gone from the file system
     shutil.copy2(os.path.realpath(sys.executable), link)  # the new one in its place
     again = host.ok(TRAIN, control_binary=control)
     assert not again['changed'] and list(host.daemons()) == [pid], again
-    said = [text for text in warnings_of(again) if text.startswith('driver upgrade pending')]
-    assert len(said) == 1 and 'pid %d' % pid in said[0] and link in said[0], warnings_of(again)
+    said = [text for text in warnings(again) if text.startswith('driver upgrade pending')]
+    assert len(said) == 1 and 'pid %d' % pid in said[0] and link in said[0], warnings(again)
     info = host.module('mps_info', gather=['daemons'], control_binary=control)
     assert [d['binary_replaced'] for d in info['daemons']] == [True]
-    assert any('driver upgrade pending' in text for text in warnings_of(info))
+    assert any('driver upgrade pending' in text for text in warnings(info))

@@ -11,7 +11,6 @@ import subprocess
 
 import pytest
 
-from conftest import warnings_of  # pylint: disable=wrong-import-order
 
 
 def _binary_13040():
@@ -39,7 +38,7 @@ def _start_by_hand(host, name, *args, env=None):
 
 
 @pytest.mark.parametrize('how', [('-p', '3'), ('--protocol', '3'), ('env',)])
-def test_a_v3_daemon_of_a_legacy_resource_is_refused_and_left_as_it_is(host, how):
+def test_a_v3_daemon_of_a_legacy_resource_is_refused_and_left_as_it_is(host, warnings, how):
     _binary_13040()
     host.ok([{'name': 'train', 'devices': [0]}])
     first = list(host.daemons())
@@ -57,7 +56,7 @@ def test_a_v3_daemon_of_a_legacy_resource_is_refused_and_left_as_it_is(host, how
     info = host.module('mps_info', gather=['daemons'])
     daemon = [d for d in info['daemons'] if d['name'] == 'train'][0]
     assert daemon['protocol'] == 3 and daemon['running'] and 'protocol 3' in daemon['error']
-    assert any('protocol 3' in text for text in warnings_of(info))
+    assert any('protocol 3' in text for text in warnings(info))
     stopped = host.module('mps_daemon', name='train', state='absent')
     assert stopped.get('failed') and 'protocol 3' in stopped['msg'] and list(host.daemons()) == [pid]
 
