@@ -13,7 +13,6 @@ import sys
 
 import pytest
 
-
 TRAIN = [{'name': 'train', 'devices': [0]}]
 
 

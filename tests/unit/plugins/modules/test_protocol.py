@@ -12,7 +12,6 @@ import subprocess
 import pytest
 
 
-
 def _binary_13040():
     """The simulated driver of this host as r615 (binary 13040): the control binary speaks protocol 3."""
     path = os.environ['FAKE_NVML_CONFIG']
