@@ -36,8 +36,8 @@ def _start_by_hand(host, name, *args, env=None):
         return int(handle.read())
 
 
-@pytest.mark.parametrize('how', [('-p', '3'), ('--protocol', '3'), ('env',)])
-def test_a_v3_daemon_of_a_legacy_resource_is_refused_and_left_as_it_is(host, warnings, how):
+def _v3_in_place_of_train(host, *args, env=None):
+    """train provisioned (legacy) and torn down, then a v3 daemon started by hand in its pipe directory: its pid."""
     _binary_13040()
     host.ok([{'name': 'train', 'devices': [0]}])
     first = list(host.daemons())
@@ -45,8 +45,13 @@ def test_a_v3_daemon_of_a_legacy_resource_is_refused_and_left_as_it_is(host, war
     assert not host.daemons() and first
     os.makedirs(host.pipe('train'), exist_ok=True)
     os.makedirs(os.path.join(host.root, 'train', 'log'), exist_ok=True)
+    return _start_by_hand(host, 'train', *args, env=env)
+
+
+@pytest.mark.parametrize('how', [('-p', '3'), ('--protocol', '3'), ('env',)])
+def test_a_v3_daemon_of_a_legacy_resource_is_refused_and_left_as_it_is(host, warnings, how):
     env = {'CUDA_MPS_PROTOCOL_VERSION': '3'} if how == ('env',) else None
-    pid = _start_by_hand(host, 'train', *(() if how == ('env',) else how), env=env)
+    pid = _v3_in_place_of_train(host, *(() if how == ('env',) else how), env=env)
     for check in (True, False):
         result = host.run([{'name': 'train', 'devices': [0]}], check=check)
         assert result.get('failed') and not result.get('changed'), result
@@ -67,29 +72,18 @@ def test_a_legacy_daemon_reports_protocol_2(host):
 
 
 def test_mps_limits_refuses_too(host):
-    _binary_13040()
-    host.ok([{'name': 'train', 'devices': [0]}])
-    host.ok([], state='absent')
-    os.makedirs(host.pipe('train'), exist_ok=True)
-    os.makedirs(os.path.join(host.root, 'train', 'log'), exist_ok=True)
-    pid = _start_by_hand(host, 'train', '-p', '3')
+    pid = _v3_in_place_of_train(host, '-p', '3')
     result = host.module('mps_limits', name='train', active_thread_percentage=50)
     assert result.get('failed') and 'started with MPS protocol 3' in result['msg'] and not result.get('changed'), result
     assert list(host.daemons()) == [pid]
 
 
-def test_mps_info_reports_the_protocol_without_a_control_binary(host):
-    _binary_13040()
-    host.ok([{'name': 'train', 'devices': [0]}])
-    host.ok([], state='absent')
-    os.makedirs(host.pipe('train'), exist_ok=True)
-    os.makedirs(os.path.join(host.root, 'train', 'log'), exist_ok=True)
-    _start_by_hand(host, 'train', '--protocol', '3')
-    info = host.result(host.start_module('mps_info', {'root': host.root, 'config_dir': host.etc, 'gather': ['daemons'],
-                                                      'control_binary': os.path.join(host.bin, 'missing-binary')}))
-    if info.get('failed'):  # a control_binary that does not exist is refused as input: leave it out, with no binary on PATH
-        info = host.result(host.start_module('mps_info', {'root': host.root, 'config_dir': host.etc, 'gather': ['daemons']}))
-    assert [d['protocol'] for d in info['daemons'] if d['name'] == 'train'] == [3], info
+def test_mps_info_reports_the_protocol_without_a_control_binary(host, monkeypatch):
+    _v3_in_place_of_train(host, '--protocol', '3')
+    monkeypatch.setenv('PATH', '/usr/bin:/bin')  # no nvidia-cuda-mps-control to be found: the daemon cannot be asked
+    info = host.result(host.start_module('mps_info', {'root': host.root, 'config_dir': host.etc, 'gather': ['daemons']}))
+    (daemon,) = [d for d in info['daemons'] if d['name'] == 'train']
+    assert daemon['protocol'] == 3 and 'not found on PATH' in daemon['error'], daemon
 
 
 @pytest.mark.parametrize('argv, env, expected', [
