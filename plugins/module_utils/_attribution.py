@@ -106,18 +106,17 @@ def owner_kind(text: str, found: t.Mapping[str, t.Optional[str]]) -> str:
     return 'unknown'
 
 
-def attribute(pid: int, uid: t.Optional[int] = None, proc: str = '/proc') -> t.Dict[str, t.Any]:
+def attribute(pid: int, uid: t.Optional[int] = None) -> t.Dict[str, t.Any]:
     """Whose process ``pid`` is: its owner kind, engine, container id, pod, Slurm job (from its cgroup: where the engine
     put it) and the job it claims (``SLURM_JOB_ID`` of its environment: said by the process, not proven)."""
     try:
-        with open('%s/%d/cgroup' % (proc, pid), encoding='utf-8', errors='replace') as handle:
+        with open('/proc/%d/cgroup' % pid, encoding='utf-8', errors='replace') as handle:
             text = handle.read()
     except OSError:
         text = ''
     found = parse_cgroup(text)
     kind = owner_kind(text, found)
-    environ = environ_of(pid) if proc == '/proc' else None
-    claimed = (environ or {}).get('SLURM_JOB_ID', '').strip()
+    claimed = (environ_of(pid) or {}).get('SLURM_JOB_ID', '').strip()
     claimed = claimed if _CLAIMED_JOB.fullmatch(claimed) else None  # a job id (an array's 123_4), never free text
     return {'pid': pid, 'uid': uid, 'owner': kind, 'engine': found['engine'], 'container': found['container'],
             'pod': found['pod'], 'job': found['job'], 'claimed_job': claimed}

@@ -53,6 +53,19 @@ class NvmlError(MpsError):
 class DriverUpgradePendingError(NvmlError):
     """NVML answers "Driver/library version mismatch": the driver's user-space was upgraded under a loaded kernel module."""
 
+    TEXT = (
+        'driver upgrade pending: NVML answers "%s" - the NVIDIA driver\'s libraries were upgraded while the old kernel module '
+        'is still loaded (a driver package upgraded without a reboot). Running MPS daemons keep serving with the old driver; '
+        'nothing can be read or changed safely until the new module is loaded, so nothing was (a stop or teardown included): '
+        'reboot (or stop every GPU process - each MPS daemon with "echo quit | nvidia-cuda-mps-control" and its '
+        'CUDA_MPS_PIPE_DIRECTORY - reload the nvidia kernel modules and start nvidia-persistenced), then run again; each '
+        'daemon still running from before is then restarted under the busy policy')
+
+    @classmethod
+    def of(cls, nvml_error: Exception) -> 'DriverUpgradePendingError':
+        """The refusal for NVML's own words (``nvmlInit``'s NVML_ERROR_LIB_RM_VERSION_MISMATCH)."""
+        return cls(cls.TEXT % nvml_error)
+
 
 class DeviceSelectionError(MpsError):
     """Requested devices are unknown, duplicated, ambiguous, owned elsewhere or unusable."""

@@ -233,15 +233,6 @@ def _text(value: t.Union[str, bytes]) -> str:
     return value.decode('utf-8', 'replace') if isinstance(value, bytes) else value
 
 
-DRIVER_UPGRADE_PENDING = (
-    'driver upgrade pending: NVML answers "%s" - the NVIDIA driver\'s libraries were upgraded while the old kernel module '
-    'is still loaded (a driver package upgraded without a reboot). Running MPS daemons keep serving with the old driver; '
-    'nothing can be read or changed safely until the new module is loaded, so nothing was (a stop or teardown included): '
-    'reboot (or stop every GPU process - each MPS daemon with "echo quit | nvidia-cuda-mps-control" and its '
-    'CUDA_MPS_PIPE_DIRECTORY - reload the nvidia kernel modules and start nvidia-persistenced), then run again; each '
-    'daemon still running from before is then restarted under the busy policy')
-
-
 def describe_nvml_error(exc: Exception) -> str:
     """A user-facing sentence for an NVML failure."""
     if pynvml is not None and isinstance(exc, pynvml.NVMLError):
@@ -280,7 +271,7 @@ class Nvml:
             self._lib.nvmlInit()
         except self._lib.NVMLError as exc:
             if getattr(exc, 'value', None) == getattr(self._lib, 'NVML_ERROR_LIB_RM_VERSION_MISMATCH', 18):
-                raise DriverUpgradePendingError(DRIVER_UPGRADE_PENDING % exc) from exc
+                raise DriverUpgradePendingError.of(exc) from exc
             raise NvmlError(describe_nvml_error(exc)) from exc
         self._active = True
         return self

@@ -162,9 +162,9 @@ class Collector:
             return
         for server in readout.servers:
             view.uids[server.pid] = self.uid_of(server.pid)
-            for pid in server.clients:
-                if pid not in view.owners:  # whose it is: its container or Slurm job, from its cgroup (issue 44)
-                    view.owners[pid] = attribute(pid, self.uid_of(pid))
+        for found in view.clients[paths.name][1]:  # with the uid read_daemon read: whose each client is (issue 44)
+            if found['pid'] not in view.owners:
+                view.owners[found['pid']] = attribute(found['pid'], found['uid'])
 
 
 def _seconds(value: float) -> str:
