@@ -50,11 +50,18 @@ OPTIONS: t.Dict[str, t.Dict[str, t.Any]] = {
     'oversubscribe': dict(type='bool', default=False),
     'client_priority': dict(type='str'),
     'sm_partitions': dict(type='list', elements='int'),
+    # MPS v3 (protocol 3, r615+): an entry's protocol, its server's name and owner, its namespaces (_v3.spec)
+    'protocol': dict(type='str', choices=['legacy', '3'], default='legacy'),
+    'server': dict(type='str'),
+    'uid': dict(type='int'),
+    'namespaces': dict(type='list', elements='dict', options=dict(
+        name=dict(type='str', required=True), active_thread_percentage=dict(type='raw'), pinned_device_mem_limit=dict(type='raw'),
+        client_priority=dict(type='str'))),
 }
 # The keys of one entry of mps_host's resources (and of the fleet role's mps_resources): the entry's own name, then the
 # options mps_daemon and mps_limits take for one resource, declared above.
 RESOURCE_KEYS = ('name', 'devices', 'multiuser', 'replicas', 'active_thread_percentage', 'pinned_device_mem_limit', 'oversubscribe',
-                 'client_priority', 'sm_partitions')
+                 'client_priority', 'sm_partitions', 'protocol', 'server', 'uid', 'namespaces')
 # How mps_host and the fleet role pass a daemon's options to every resource: the options mps_daemon and mps_host share.
 DAEMON_OPTIONS = ('compute_mode', 'supervisor', 'start_timeout', 'stop_timeout', 'busy', 'busy_timeout', 'log_mode', 'shm',
                   'foreground', 'unit_before', 'unit_after', 'remove_logs', 'container_root', 'selinux_type')

@@ -124,6 +124,67 @@ options:
         type: list
         elements: int
         version_added: 0.2.0
+      protocol:
+        description:
+          - V(legacy) manages the resource's daemon with the legacy control protocol, as always.
+          - V(3) runs it with MPS v3 (driver r615, CUDA 13.4, and later) - C(-d -p 3 -a <config_dir>/<name>.mps.toml), the
+            file rendered from this entry - with one named server (O(resources[].server)) on the resource's GPUs and
+            the namespaces of O(resources[].namespaces). Clients are given C(<pipe>/<server>) (RV(resources[].env)),
+            never C(<pipe>) itself, whose main socket routes a client to an automatic C(uid_<uid>) server outside the
+            resource's limits.
+          - The resource's C(active_thread_percentage), C(pinned_device_mem_limit) (one size for all its GPUs) and
+            C(client_priority) (or C(replicas)) are the limits of the server's C(default) namespace and of every
+            namespace that gives none of its own.
+          - Refused where the binary has no MPS v3 (the help of C(-p 3 -h) lists no C(server) module), with MIG devices,
+            with C(sm_partitions), and - in this version - with O(supervisor=systemd) and O(slurm_hook).
+          - Everything v3 is inferred from NVIDIA's documentation; no r615 binary has run it (see the troubleshooting guide).
+        type: str
+        choices: [legacy, '3']
+        default: legacy
+        version_added: 0.2.0
+      server:
+        description:
+          - With O(resources[].protocol=3), the name of the resource's MPS v3 server - lowercase letters, digits and
+            underscores, at most 64 characters, not C(uid_<n>), and not another resource's.
+          - Not given - the resource name lowercased, every other character an underscore (C(nvidia.com/gpu) gives
+            C(nvidia_com_gpu)).
+        type: str
+        version_added: 0.2.0
+      uid:
+        description:
+          - With O(resources[].protocol=3), the user that owns the server; a v3 server without O(resources[].multiuser)
+            serves only its owner. Required unless O(resources[].multiuser=true), which makes the server root's and lets
+            any user attach.
+        type: int
+        version_added: 0.2.0
+      namespaces:
+        description:
+          - With O(resources[].protocol=3), the server's namespaces - groups of its clients with limits of their own,
+            each reached through its own socket directory, C(<pipe>/<server>/<name>) (RV(resources[].v3)).
+          - A namespace's limits are its own - neither inherited from the server nor capped by it, and a namespace without
+            limits would get the whole GPU - so each is written with the resource's limits where it gives none.
+          - Changes go live without a restart (C(namespace create), C(namespace set), C(namespace delete)); a namespace
+            with attached clients is changed only as O(busy) says (C(namespace set) fails while a client is attached). A
+            namespace removed from the list is deleted. The rendered file always holds the current namespaces, so a
+            restart brings the same ones back.
+        type: list
+        elements: dict
+        version_added: 0.2.0
+        suboptions:
+          name:
+            description: The namespace's name, by the v3 rule (as O(resources[].server)); not C(default), the server's own.
+            type: str
+            required: true
+          active_thread_percentage:
+            description: Its thread percentage (0 < x <= 100). Not given - the resource's.
+            type: raw
+          pinned_device_mem_limit:
+            description: Its pinned device memory limit, one size for every GPU of the resource (V(4G), V(512M)). Not
+              given - the resource's.
+            type: raw
+          client_priority:
+            description: V(normal) or V(below_normal). Not given - the resource's.
+            type: str
   prune:
     description: Remove the resources under O(root) (or with files in O(config_dir)) that O(resources) does not list.
     type: bool
@@ -306,7 +367,8 @@ resources:
       and the C(pending) servers that keep older limits), C(restarted),
       C(changed), C(actions), C(started_at), C(diff), C(notes) (what was not done as asked and why - a compute mode on
       a MIG device) and C(gone) (recorded devices NVML no longer reports - a MIG instance destroyed or re-created -
-      each with what to do).
+      each with what to do), C(protocol) (V(legacy) or V(3)) and C(v3) (null for a legacy resource; else C(server),
+      C(uid), C(pipe_directory), C(default) and C(namespaces), each namespace with its limits and its C(pipe_directory)).
   returned: always
   type: list
   elements: dict

@@ -31,7 +31,7 @@ class Absent:
         run = self.run
         unit = self.unit
         return [
-            run.config.env_file, run.config.limits_file, run.config.limits_json, run.config.limits_env,
+            run.config.env_file, run.config.limits_file, run.config.limits_json, run.config.limits_env, run.config.v3_config,
             unit.dropin_path, unit.foreground_dropin_path, unit.pidfile_dropin_path, unit.order_dropin_path,
             os.path.dirname(unit.dropin_path), run.paths.started_file,
         ] + [os.path.join(run.paths.pipe_dir, name) for name in PIPE_DIR_FILES + (LOCK_FILE,)] + [
@@ -104,7 +104,7 @@ class Absent:
         ours |= {os.path.join(paths.resource_dir, name) for name in ('pipe', RESOURCE_LOCK)}
         for name in scan_config(view, config.config_dir):
             other = config_paths(config.config_dir, name)
-            ours |= {other.env_file, other.limits_file, other.limits_json, other.limits_env}
+            ours |= {other.env_file, other.limits_file, other.limits_json, other.limits_env, other.v3_config}
         checked = [paths.pipe_dir, paths.resource_dir]
         if os.path.dirname(paths.resource_dir) != paths.root:
             checked.append(os.path.dirname(paths.resource_dir))

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import typing as t
 
 from .._gpus import all_devices
@@ -71,8 +72,10 @@ class DaemonActions:
             self.unit.install(wanted, out)
             out.act('%s %s' % ('restart' if restart else 'start', run.unit), lambda: self.unit.start(wanted, out, restart=restart))
         else:
-            out.act('start the MPS control daemon', lambda: record_start(
-                run, wanted, run.daemon.start([gpu.uuid for gpu in wanted.devices], multiuser=wanted.multiuser, replay=replay), out))
+            v3_config = run.config.v3_config if wanted.v3 is not None else ''
+            out.act('start the MPS control daemon' + (' (MPS v3, server %s)' % wanted.v3.server if v3_config else ''),
+                    lambda: record_start(run, wanted, run.daemon.start([gpu.uuid for gpu in wanted.devices], multiuser=wanted.multiuser,
+                                                                       replay=replay, v3_config=v3_config), out))
 
     def _replay_for(self, wanted: Wanted, out: Outcome) -> t.List[str]:
         """The persisted limits as commands for this daemon's device order (commands file rewritten to match)."""
@@ -137,19 +140,26 @@ class DaemonActions:
         systemctl = run.systemctl
         by_systemd = record is not None and record.supervisor == 'systemd' and systemctl is not None
         run.planned.unit_stop = run.planned.unit_stop or by_systemd
+        # A daemon started with protocol 3 takes -q, not the legacy quit (the record says so, else its own process).
+        v3 = (record is not None and record.protocol == 3) or run.view.protocols.get(state.pid) == 3
+        # The directories a v3 daemon made for its server in the pipe directory (sockets, the log FIFO) [ref 1.9]
+        server_dir = os.path.join(run.paths.pipe_dir, record.server) if v3 and record is not None and record.server else ''
 
         def stop() -> None:
             if by_systemd:
                 systemctl.stop(run.unit)  # type: ignore[union-attr]
             else:
-                out.forced = run.daemon.stop(state.pid)
+                out.forced = run.daemon.stop(state.pid, v3=v3)
             # Whether a clean quit removes the pipe-dir files is undocumented; remove what is left so a
             # stopped daemon never looks like a crashed one.
             run.daemon.clean_stale()
+            if server_dir and os.path.isdir(server_dir) and not os.path.islink(server_dir):
+                shutil.rmtree(server_dir, ignore_errors=True)
 
         out.act('stop the MPS control daemon (pid %s)' % state.pid, stop, ends_clients=run.planned.ends_clients)
         # What the stop removes, later steps (state=absent) must not list a second time.
-        run.planned.would_remove += [os.path.join(run.paths.pipe_dir, name) for name in PIPE_DIR_FILES]
+        run.planned.would_remove += [os.path.join(run.paths.pipe_dir, name) for name in PIPE_DIR_FILES] + (
+            [server_dir] if server_dir else [])
 
     def stop(self, state: Liveness, record: t.Optional[StartRecord], out: Outcome) -> None:
         """Stop a running daemon, reset the compute mode of GPUs nobody else uses, drop the record."""

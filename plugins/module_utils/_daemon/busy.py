@@ -25,7 +25,11 @@ class BusyClients:
         self.run = run
 
     def connected(self, pid: t.Optional[int]) -> t.List[t.Dict[str, t.Any]]:
-        """The clients of the daemon's servers, as the daemon lists them now (one UI process)."""
+        """The clients of the daemon's servers, as the daemon lists them now (one UI process; a v3 daemon: its server's)."""
+        v3 = self.run.view.v3.get(self.run.paths.name)
+        if v3 is not None:
+            from .._v3.control import read_v3  # pylint: disable=import-outside-toplevel
+            return [{'pid': client, 'server': v3[1].server} for client, _namespace in read_v3(self.run.daemon.client, v3[1].server).clients]
         return clients_of(read_batch(self.run.daemon.query, 0, child_pids(pid) if pid else []))
 
     def observed(self, pid: t.Optional[int]) -> t.List[t.Dict[str, t.Any]]:
@@ -45,7 +49,7 @@ class BusyClients:
             return
         if isinstance(out, DaemonOutcome):
             out.clients = clients
-        named = ', '.join('pid %d (uid %s) on server %d' % (client['pid'], client['uid'], client['server']) for client in clients)
+        named = ', '.join('pid %d (uid %s) on server %s' % (client['pid'], client['uid'], client['server']) for client in clients)
         if run.busy == 'refuse':
             raise MpsError('busy: %s of the MPS control daemon for %s (pid %s) would end its %d connected client(s) - %s; '
                            'nothing was done. Set busy=wait to wait up to busy_timeout seconds for them to leave, or '

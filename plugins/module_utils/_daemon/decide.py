@@ -89,6 +89,10 @@ def daemon_differences(wanted: WantedDaemon, seen: DaemonSeen, started_file: str
     for key in ('devices', 'multiuser', 'supervisor'):
         if have[key] != wanted.record[key]:
             found.append('%s: %s -> %s' % (key, have[key], wanted.record[key]))
+    # MPS v3: the protocol, the server's name and owner are fixed at start (legacy records have none of them).
+    for key, legacy in (('protocol', 'legacy'), ('server', None), ('uid', None)):
+        if have.get(key) != wanted.record.get(key):
+            found.append('%s: %s -> %s' % (key, have.get(key, legacy), wanted.record.get(key, legacy)))
     if record.shm != wanted.shm:
         found.append('shm: %s -> %s' % (record.shm, wanted.shm))
     else:

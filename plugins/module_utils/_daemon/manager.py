@@ -18,7 +18,7 @@ from .._options import BUSY_CHOICES, COMPUTE_MODE_CHOICES, DEFAULT_BUSY_TIMEOUT
 from .._errors import InvalidParameterError, MpsError
 from .._gpus import Nvml, all_devices
 from .._outcome import Outcome
-from .._io import refuse_unsafe_dirs
+from .._io import refuse_unsafe_dirs, remove
 from .._proc import replaced_binary_warning
 from .._observe.reader import Wants
 from .._observe.scan import orphan_warnings
@@ -104,7 +104,7 @@ class DaemonManager:
                                         'its output to the journal); a daemon this module starts itself must detach (-d)')
 
     def _prepare(self, state: str, selectors: t.Any, *, multiuser: bool, compute_mode: str, enabled: bool, shm: bool,
-                 remove_logs: bool, foreground: bool) -> t.Optional[Wanted]:
+                 remove_logs: bool, foreground: bool, v3: t.Optional[t.Any] = None) -> t.Optional[Wanted]:
         """Check every option against the view and set up the decision; raises before any side effect."""
         run = self.run
         self.validate(state, compute_mode, foreground=foreground)
@@ -119,15 +119,22 @@ class DaemonManager:
         wanted = self.devices.wanted(selectors, multiuser=multiuser, compute_mode=compute_mode, enabled=enabled, shm=shm,
                                      foreground=foreground)
         wanted.static = static_wanted(run)
+        wanted.v3 = v3
+        record = self.view.resource(run.paths.name).record
+        if v3 is None and record is not None and record.protocol == 3 and not run.host.limits_planned:
+            raise InvalidParameterError('name', '%s runs MPS v3 (server %s), started by gpufleet.mps.mps_host from an entry with '
+                                        'protocol: 3: mps_daemon starts and restarts legacy daemons only - manage it with '
+                                        'mps_host, or stop it here (state=stopped or absent) first' % (run.paths.name, record.server))
         if run.supervisor == 'systemd':
             self.unit_files.render(wanted)  # a value no unit file can carry is refused now, before any side effect
         return wanted
 
     def plan(self, state: str, selectors: t.Any, *, multiuser: bool, compute_mode: str, enabled: bool, shm: bool = False,
-             remove_logs: bool = False, foreground: bool = False) -> 'DaemonOutcome':
-        """Every change that brings the resource to ``state``, decided from the view alone, unapplied."""
+             remove_logs: bool = False, foreground: bool = False, v3: t.Optional[t.Any] = None) -> 'DaemonOutcome':
+        """Every change that brings the resource to ``state``, decided from the view alone, unapplied (``v3``: a v3
+        resource's record, _v3.spec.V3Spec)."""
         return self._decide(state, self._prepare(state, selectors, multiuser=multiuser, compute_mode=compute_mode, enabled=enabled,
-                                                 shm=shm, remove_logs=remove_logs, foreground=foreground))
+                                                 shm=shm, remove_logs=remove_logs, foreground=foreground, v3=v3))
 
     def ensure(self, state: str, selectors: t.Any, *, multiuser: bool, compute_mode: str, enabled: bool, shm: bool = False,
                remove_logs: bool = False, foreground: bool = False) -> Outcome:
@@ -217,6 +224,10 @@ class DaemonManager:
         run = self.run
         actions = self.actions
         out.devices = [gpu.summary() for gpu in wanted.devices]
+        v3_file = run.config.v3_config
+        if wanted.v3 is None and self.view.paths.lexists(v3_file):
+            # the file of a resource that ran MPS v3 and no longer does: nothing applies it any more
+            out.act('remove %s' % v3_file, lambda: remove(v3_file), reason='the resource no longer runs MPS v3')
         actions.repair_log_mode(out)
         if self.view.paths.isdir(run.paths.pipe_dir):
             actions.label(out)

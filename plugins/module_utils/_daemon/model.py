@@ -30,14 +30,19 @@ class Wanted:
     foreground: bool = False
     # Started with -S: the limits it is started with (persisted, or a host plan's) create static SM partitions.
     static: bool = False
+    # A v3 resource (_v3.spec.V3Spec): started with -p 3 -a <its file>; None: the legacy protocol.
+    v3: t.Optional[t.Any] = None
 
     def record(self) -> t.Dict[str, t.Any]:
-        return {
+        found = {
             'devices': [gpu.uuid for gpu in self.devices],
             'multiuser': self.multiuser,
             'supervisor': self.supervisor,
             'shm': self.shm,
         }
+        if self.v3 is not None:
+            found.update(protocol=3, **self.v3.identity())
+        return found
 
 
 @dataclass
@@ -173,6 +178,8 @@ def record_start(run: DaemonRun, wanted: Wanted, pid: t.Optional[int], out: t.An
                          control_binary=run.daemon.binary,
                          driver_version=getattr(wanted.devices[0], 'driver_version', None) if wanted.devices else None,
                          static_partitioning=wanted.static)
+    if wanted.v3 is not None:
+        record.protocol, record.server, record.uid = 3, wanted.v3.server, wanted.v3.owner
     write_record(run.paths, record)
     out.started_at = record.started_at
     out.pid = pid

@@ -47,7 +47,8 @@ class UnitFiles:
         run = self.run
         return unit_environment(run.paths, run.config, [gpu.uuid for gpu in wanted.devices], multiuser=wanted.multiuser,
                                 compute_mode=wanted.compute_mode, control_binary=run.daemon.binary, nvidia_smi=run.nvidia_smi,
-                                stop_timeout=run.daemon.stop_timeout, log_mode=run.daemon.log_mode, selinux_type=run.selinux_type, foreground=wanted.foreground)
+                                stop_timeout=run.daemon.stop_timeout, log_mode=run.daemon.log_mode, selinux_type=run.selinux_type, foreground=wanted.foreground,
+                                v3=wanted.v3)
 
     def render(self, wanted: Wanted) -> t.Dict[str, t.Optional[str]]:
         """Path -> wanted content; None for a file that must not exist."""

@@ -43,6 +43,8 @@ class ResourceEntry:
     client_priority: t.Any = None
     # static SM partitions of each GPU, in chunks, as given; None: none (the daemon without -S)
     sm_partitions: t.Any = None
+    # protocol: 3 - the resource's server and namespaces (_v3.spec.V3Spec); None: the legacy protocol
+    v3: t.Optional[t.Any] = None
 
     @property
     def has_limits(self) -> bool:
@@ -73,7 +75,8 @@ class ResourceEntry:
                 'replicas': self.replicas, 'multiuser': self.multiuser,
                 'active_thread_percentage': self.active_thread_percentage,
                 'pinned_device_mem_limit': self.pinned_device_mem_limit, 'client_priority': self.client_priority,
-                'sm_partitions': self.sm_partitions, 'has_limits': self.has_limits}
+                'sm_partitions': self.sm_partitions, 'has_limits': self.has_limits,
+                'protocol': '3' if self.v3 is not None else 'legacy'}
 
 
 def replicas_for(replicas: t.Any, gpu_name: str, param: str, profile: str = '') -> t.Optional[int]:
@@ -122,12 +125,14 @@ def _entries(resources: t.Any, param: str, *, strict_keys: bool) -> t.Iterator[t
 
 def resolve_entries(resources: t.Any, gpus: t.Sequence[Gpu], param: str = 'resources',
                     caps: t.Optional[t.Mapping[str, int]] = None, *, strict_keys: bool = True,
-                    warnings: t.Optional[t.List[str]] = None) -> t.List[ResourceEntry]:
+                    warnings: t.Optional[t.List[str]] = None, root: str = '') -> t.List[ResourceEntry]:
     """Every resource with its devices resolved and its limits checked against its own GPUs, or a refusal.
 
-    ``warnings`` receives what is not wrong but worth saying (``devices: all`` leaving out GPUs in MIG mode).
+    ``warnings`` receives what is not wrong but worth saying (``devices: all`` leaving out GPUs in MIG mode). ``root``:
+    where the v3 pipe directories are checked to fit a socket address (not checked without it).
     """
     owner: t.Dict[str, str] = {}
+    servers: t.Dict[str, str] = {}
     entries = []
     for resource, name in _entries(resources, param, strict_keys=strict_keys):
         where = '%s[%s]' % (param, name)
@@ -150,6 +155,10 @@ def resolve_entries(resources: t.Any, gpus: t.Sequence[Gpu], param: str = 'resou
                               oversubscribe=boolean(resource, 'oversubscribe', where), client_priority=resource.get('client_priority'),
                               sm_partitions=resource.get('sm_partitions'))
         _check_limits(entry, where, gpus)
+        if str(resource.get('protocol') or 'legacy') != 'legacy' or any(resource.get(key) is not None for key in V3_KEYS):
+            # Imported here: a legacy fleet never compiles the v3 code (AnsiballZ compiles what is imported).
+            from .._v3.entry import v3_spec  # pylint: disable=import-outside-toplevel
+            entry.v3 = v3_spec(resource, entry, where, '%s/%s/pipe' % (root.rstrip('/'), name) if root else '', servers)
         if warnings is not None:
             share = entry.limits.get('active_thread_percentage')
             if share is None and replicas:
@@ -160,6 +169,8 @@ def resolve_entries(resources: t.Any, gpus: t.Sequence[Gpu], param: str = 'resou
     return entries
 
 
+# The keys of an MPS v3 entry (protocol: 3), beside the protocol itself.
+V3_KEYS = ('server', 'uid', 'namespaces')
 # The most MPS clients any GPU takes (48 from Volta on, 60 with drivers 590 and later): a replica count above it is
 # wrong on every host, GPU facts or not.
 MAX_CLIENTS = 60
@@ -194,6 +205,9 @@ def check_resources(resources: t.Any, param: str = 'resources') -> None:
         where = '%s[%s]' % (param, name)
         multiuser(resource, where)
         boolean(resource, 'oversubscribe', where)
+        if str(resource.get('protocol') or 'legacy') != 'legacy' or any(resource.get(key) is not None for key in V3_KEYS):
+            from .._v3.entry import check_protocol  # pylint: disable=import-outside-toplevel
+            check_protocol(resource, where, multiuser=multiuser(resource, where))
         if resource.get('client_priority') is not None:
             parse_priority(resource['client_priority'], where + '.client_priority')
         parse_partitions(resource.get('sm_partitions'), where + '.sm_partitions')

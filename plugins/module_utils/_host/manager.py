@@ -44,7 +44,7 @@ from .._supervisor.unit import UNIT_DIR, Systemctl, systemd_is_pid1
 from .around import READY_FILE, Around, check_around, check_paths
 from .decide import decide_ready, order_steps, pending_warning
 from .facts import facts_text, local_facts
-from .observe import observe, shm_manager
+from .observe import V3_WORD, observe, shm_manager
 from .entries import ResourceEntry, resolve_entries
 from .result import planned_resource, resource_result
 
@@ -136,14 +136,37 @@ class HostManager:
         """The listed resources, every option checked; nothing read from a daemon, nothing changed."""
         p = self.params
         self.plan_warnings = []
-        entries = resolve_entries(p['resources'], gpus, 'resources', warnings=self.plan_warnings) if p['state'] == 'present' else []
+        entries = resolve_entries(p['resources'], gpus, 'resources', warnings=self.plan_warnings,
+                                  root=self.root) if p['state'] == 'present' else []
         if p['state'] == 'present':
             if p['shm']:
                 # Imported here, as everything only shm needs: AnsiballZ compiles every module imported, on every run.
                 from .._tmpfs import size_kib  # pylint: disable=import-outside-toplevel
                 size_kib(p['shm_size'], param='shm_size')
             check_around(self.params, self.root, systemd=self.systemctl is not None)
-        return [_Resource(entry.name, self._setup(entry.name, 'started', entry), entry) for entry in entries]
+        listed = [_Resource(entry.name, self._setup(entry.name, 'started', entry), entry) for entry in entries]
+        for res in listed:
+            if res.entry.v3 is not None:
+                self._check_v3(res)
+        return listed
+
+    def _check_v3(self, res: _Resource) -> None:
+        """What a v3 resource cannot have yet, refused before anything is read or changed; its daemon asked with v3 words."""
+        why: t.Any = ''
+        if self.params['foreground'] and res.setup.supervisor == 'systemd':
+            why = ('foreground (the foreground unit waits for the daemon with a legacy question)', 'foreground')
+        elif self.params['metrics_dir'] and self.params['health_check'] and res.setup.supervisor == 'systemd':
+            why = ('metrics_dir (the metrics script reads each daemon with legacy words)', 'metrics_dir')
+        elif self.params['slurm_hook']:
+            why = ('slurm_hook (its TaskProlog points jobs at the legacy pipe directory, not at the v3 server\'s)', 'slurm_hook')
+        if why:
+            raise InvalidParameterError(why[1], 'resources[%s] has protocol: 3, which this version does not support with %s' % (
+                res.name, why[0]))
+        res.setup.daemon.v3_server = res.entry.v3.server
+        if res.setup.container is not None:
+            from .._container import with_engine  # pylint: disable=import-outside-toplevel
+            view = {key: value for key, value in res.setup.container.items() if key != 'engine'}
+            res.setup.container = with_engine(res.entry.v3.container(view, res.setup.paths.pipe_dir))
 
     def removed_setups(self, view: HostView, listed: t.Sequence[_Resource]) -> t.List[_Resource]:
         """The resources the view found (under the root, or with files in the config directory) that are not listed, to be
@@ -338,6 +361,17 @@ class HostManager:
 
     def _limits(self, res: _Resource) -> t.Any:
         entry = res.entry
+        if entry.v3 is not None:
+            from .._v3.plan import V3Run, plan_v3  # pylint: disable=import-outside-toplevel
+            p = self.params
+            daemon = res.setup.daemon
+            if self.view.offers(daemon.binary, V3_WORD) is not True:
+                raise InvalidParameterError('protocol', '3 needs MPS v3 (driver r615, CUDA 13.4, and later), and the help of '
+                                            '"%s -p 3 -h" lists no server module: this binary has no MPS v3%s. Nothing was '
+                                            'changed' % (daemon.binary, '' if self.view.offers(daemon.binary, V3_WORD) is False
+                                                         else ' (or its help could not be read)'))
+            return plan_v3(V3Run(entry.v3, res.name, res.setup.config, daemon.client, p['busy'], p['busy_timeout'], daemon.sleep),
+                           self.view, check_mode=self.check_mode)
         manager = self.limits_manager(res)
         return manager.plan(entry.active_thread_percentage, entry.pinned_device_mem_limit, entry.replicas, self.params['running_servers'])
 
@@ -349,7 +383,7 @@ class HostManager:
             return manager.plan('absent', 'all', multiuser=False, compute_mode=p['compute_mode'], enabled=False, shm=False,
                                 remove_logs=p['remove_logs'] and p['state'] == 'absent')
         return manager.plan(state, [gpu.uuid for gpu in res.entry.devices], multiuser=res.entry.multiuser,
-                            compute_mode=p['compute_mode'], enabled=True, shm=p['shm'], foreground=p['foreground'])
+                            compute_mode=p['compute_mode'], enabled=True, shm=p['shm'], foreground=p['foreground'], v3=res.entry.v3)
 
     def _shm(self, out: HostOutcome) -> None:
         manager = self.shm

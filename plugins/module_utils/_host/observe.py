@@ -13,11 +13,14 @@ from __future__ import annotations
 import typing as t
 
 from .._observe.paths import read_paths
-from .._observe.reader import Wants, read_daemon, read_host, read_orphan_servers, read_units
+from .._observe.reader import Wants, read_daemon, read_help, read_host, read_orphan_servers, read_units
 from .._observe.view import HostView
 from .._proc import read_mountinfo
 from .._supervisor.unit import instance_unit
 from .around import HEALTH_TIMER
+
+# Asked of the binary for each v3 resource: whether the help of -p 3 -h lists the module server (read once per binary).
+V3_WORD = 'v3:server'
 
 
 def observe(host: t.Any, listed: t.List[t.Any]) -> t.Tuple[HostView, t.List[t.Any]]:
@@ -47,15 +50,19 @@ def observe(host: t.Any, listed: t.List[t.Any]) -> t.Tuple[HostView, t.List[t.An
                                                   more.others - set(view.paths.paths()), mountinfo=view.mountinfo))
     _observe_units(host, listed + removed, managers, view)
     for res in listed:
-        # The one control batch of each running daemon (defaults, servers, their limits and clients).
-        host.limits_manager(res, view=view).probe(view)
+        # The one control batch of each running daemon (defaults, servers, their limits and clients); a v3 resource's
+        # server lists are read below.
+        if res.entry.v3 is None:
+            host.limits_manager(res, view=view).probe(view)
+        else:
+            read_help(view, res.setup.daemon, V3_WORD)
         managers[res.name].probe(view, 'started', shm=p['shm'], ordinals=None)
     for name, seen in sorted(view.resources.items()):
         # A daemon the plan stops or removes, listed or not: its servers' clients, which busy decides about.
-        if seen.liveness.running and seen.liveness.pid and name not in view.readouts:
+        if seen.liveness.running and seen.liveness.pid and name not in view.readouts and name not in view.v3:
             manager = managers.get(name)
             if manager is not None:
-                read_daemon(view, name, manager.daemon.query, 0, seen.liveness.pid)
+                read_daemon(view, name, manager.daemon.query, 0, seen.liveness.pid, client=manager.daemon.client)
                 manager.daemon.answered = True
     for res in removed:
         managers[res.name].probe(view, 'absent', shm=False, ordinals=None)

@@ -14,8 +14,20 @@ from .._supervisor.liveness import inspect
 def planned_resource(res: t.Any) -> t.Dict[str, t.Any]:
     """The resource as the plan leaves it (for the local facts the plan writes): up, with the limits it persists."""
     wanted = res.limits.wanted if res.limits is not None else None
-    return {'name': res.name, 'healthy': True, 'env': res.setup.paths.client_env(),
-            'limits': {'persisted': None if wanted is None or wanted.empty else persisted_facts(wanted)}}
+    found = {'name': res.name, 'healthy': True, 'env': client_env(res),
+             'limits': {'persisted': None if wanted is None or wanted.empty else persisted_facts(wanted)}}
+    v3 = res.entry.v3 if res.entry is not None else None
+    if v3 is not None:
+        found['v3'] = v3.as_dict(res.setup.paths.pipe_dir)
+    return found
+
+
+def client_env(res: t.Any) -> t.Dict[str, str]:
+    """What a client of the resource sets: a v3 resource's points at its server, never at the pipe directory itself (whose
+    main socket routes a client to an automatic server outside the resource's limits)."""
+    env = res.setup.paths.client_env()
+    v3 = res.entry.v3 if res.entry is not None else None
+    return v3.client_env(env) if v3 is not None else env
 
 
 def resource_result(res: t.Any, *, check_mode: bool, seen: t.Optional[t.Any] = None) -> t.Dict[str, t.Any]:
@@ -56,7 +68,9 @@ def resource_result(res: t.Any, *, check_mode: bool, seen: t.Optional[t.Any] = N
         'devices': [dict(gpu.summary(), ordinal=ordinal) for ordinal, gpu in enumerate(res.entry.devices)] if res.entry else [],
         'multiuser': res.entry.multiuser if res.entry else False,
         'replicas': res.entry.replicas if res.entry else None,
-        'env': paths.client_env(),
+        'env': client_env(res),
+        'protocol': '3' if res.entry is not None and res.entry.v3 is not None else 'legacy',
+        'v3': res.entry.v3.as_dict(paths.pipe_dir) if res.entry is not None and res.entry.v3 is not None else None,
         'container': res.setup.container,
         'limits': {'persisted': planned_resource(res)['limits']['persisted'], 'commands': limits.commands if limits else [],
                    'pending': limits.pending if limits else []},

@@ -62,7 +62,7 @@ def resource_wants(paths: ResourcePaths, config: t.Optional[ConfigPaths] = None)
         + [os.path.join(paths.pipe_dir, name) for name in PIPE_DIR_FILES + (LOCK_FILE,)]
         + [os.path.join(paths.log_dir, name) for name in LOG_FILES] + ancestors(paths.pipe_dir))
     if config is not None:
-        wants.add(files=[config.env_file, config.limits_json, config.limits_file, config.limits_env], dirs=[config.config_dir])
+        wants.add(files=[config.env_file, config.limits_json, config.limits_file, config.limits_env, config.v3_config], dirs=[config.config_dir])
     return wants
 
 
@@ -146,16 +146,23 @@ def _resource_view(view: HostView, paths: ResourcePaths, locks: t.Optional[t.Lis
 
 # --- probes: what only some runs need, read before the view is sealed ---------------------------------------------
 def read_daemon(view: HostView, name: str, query: t.Callable[[t.List[str]], t.Any], ordinals: int, pid: int, *,
-                partitions: bool = False, servers: bool = True) -> t.Any:
+                partitions: bool = False, servers: bool = True, client: t.Optional[t.Any] = None) -> t.Any:
     """A running daemon of resource ``name`` in one control batch: its defaults for ``ordinals`` devices, its servers with
     their limits and clients (``servers``: every child asked about; else the server list alone), its SM partitions
     where ``partitions``.
 
     A daemon started with MPS protocol 3 is refused here, before any command is sent: the batch is legacy words, which a
     v3 daemon does not take as such (shared/mps-v3-reference.md 1.1), and every module reads a running daemon through
-    this one function before it decides anything."""
+    this one function before it decides anything - unless its start record says this collection started it with protocol
+    3 (a v3 resource): then it is read with v3 words through ``client`` (its server's lists, _v3.control.read_v3), and a
+    caller that has no ``client`` (a module that manages no v3 resource) is refused. A record that says protocol 3 over a
+    daemon started with the legacy protocol is refused the same way."""
     if pid not in view.protocols:
         view.protocols[pid] = started_protocol(pid)
+    seen = view.resources.get(name)
+    record = seen.record if seen is not None else None
+    if record is not None and record.protocol == 3:
+        return _read_v3(view, name, pid, record, client)
     if view.protocols[pid] == 3:
         raise DaemonProtocolError(
             'the MPS control daemon of %s (pid %d) was started with MPS protocol 3 (MPS v3: -p 3 or CUDA_MPS_PROTOCOL_VERSION=3), '
@@ -165,6 +172,26 @@ def read_daemon(view: HostView, name: str, query: t.Callable[[t.List[str]], t.An
     readout = read_batch(query, ordinals, child_pids(pid) if servers else [], partitions=partitions)
     view.readouts[name] = ((ordinals, pid), readout)
     view.clients[name] = (pid, clients_of(readout))
+    return readout
+
+
+def _read_v3(view: HostView, name: str, pid: int, record: t.Any, client: t.Optional[t.Any]) -> t.Any:
+    if view.protocols[pid] == 2:
+        raise DaemonProtocolError(
+            'the start record of %s says its daemon runs MPS v3 (server %s), but the daemon running there (pid %d) was started '
+            'with the legacy protocol: it was neither asked nor changed. Stop it by whatever started it, then run '
+            'again' % (name, record.server, pid), resource=name, pid=pid, protocol=2)
+    if client is None or not record.server:
+        raise DaemonProtocolError(
+            'the MPS control daemon of %s (pid %d) runs MPS v3 (server %s), which this module does not manage: manage the '
+            'resource with gpufleet.mps.mps_host (protocol: 3 in its entry)' % (name, pid, record.server),
+            resource=name, pid=pid, protocol=3)
+    from .._proc import process_uid  # pylint: disable=import-outside-toplevel
+    from .._v3.control import read_v3  # pylint: disable=import-outside-toplevel
+    readout = read_v3(client, record.server)
+    view.v3[name] = (pid, readout)
+    view.clients[name] = (pid, [{'pid': found, 'uid': process_uid(found), 'server': record.server, 'namespace': namespace}
+                                for found, namespace in readout.clients])
     return readout
 
 
@@ -206,7 +233,8 @@ def read_help(view: HostView, daemon: t.Any, word: str) -> t.Optional[bool]:
     """Whether ``daemon``'s binary lists ``word`` in its help text (read once per run and binary)."""
     key = (daemon.binary, word)
     if key not in view.offered:
-        view.offered[key] = daemon.offers(word)
+        # 'v3:<word>': the word in the help of -p 3 -h (a module of MPS v3)
+        view.offered[key] = daemon.offers(word[3:], v3=True) if word.startswith('v3:') else daemon.offers(word)
     return view.offered[key]
 
 

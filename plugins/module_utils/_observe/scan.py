@@ -75,7 +75,7 @@ def resource_name(instance: str) -> t.Optional[str]:
 
 
 # The per-resource files in the config directory, by suffix (the instance name before it).
-CONFIG_SUFFIXES = ('.env', '.limits.json', '.limits-env', '.limits')
+CONFIG_SUFFIXES = ('.env', '.limits.json', '.limits-env', '.limits', '.mps.toml')
 
 
 def scan_config(view: t.Any, config_dir: str) -> t.List[str]:

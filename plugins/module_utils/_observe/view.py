@@ -89,6 +89,8 @@ class HostView:
     static_args: t.Dict[int, t.Optional[bool]] = field(default_factory=dict)
     # Per running daemon pid: the MPS protocol it was started with (2, 3; None: unreadable), read before its control batch.
     protocols: t.Dict[int, t.Optional[int]] = field(default_factory=dict)
+    # Each running v3 daemon's server as its lists showed it (_v3.readout.V3Readout), by resource: (pid, readout).
+    v3: t.Dict[str, t.Tuple[int, t.Any]] = field(default_factory=dict)
     # Per running daemon pid: the path of its program when that file was replaced or removed since it started, '' when it
     # was not, None when unreadable.
     replaced: t.Dict[int, t.Optional[str]] = field(default_factory=dict)

@@ -179,6 +179,23 @@ class ControlClient:
             raise ControlBinaryError('cannot run %s: %s' % (self.binary, exc), control_binary=self.binary) from exc
         return proc.returncode, proc.stdout, proc.stderr
 
+    def argv(self, words: t.Sequence[str]) -> t.Tuple[int, str]:
+        """One v3 command given as arguments (``namespace list --server=s``; ``-q``): (exit status, its output). A daemon
+        that is not there raises; a refusal is the caller's to read (v3 prints ``Error: ...`` and exits 1 [I])."""
+        self.processes += 1
+        try:
+            proc = subprocess.run(  # pylint: disable=subprocess-run-check
+                [self.binary] + list(words), stdin=subprocess.DEVNULL, capture_output=True, text=True, errors='replace',
+                env=self._env(), timeout=self.timeout, close_fds=True)
+        except subprocess.TimeoutExpired as exc:
+            raise DaemonTimeoutError('the MPS control daemon on %s did not answer %s within %ss%s' % (
+                self.pipe_dir, ' '.join(words), self.timeout, self._log_hint()), pipe_dir=self.pipe_dir) from exc
+        except OSError as exc:
+            raise ControlBinaryError('cannot run %s: %s' % (self.binary, exc), control_binary=self.binary) from exc
+        if NOT_RUNNING_TEXT in proc.stdout or NOT_RUNNING_TEXT in proc.stderr:
+            raise DaemonNotRunningError('no MPS control daemon answers on %s' % self.pipe_dir, pipe_dir=self.pipe_dir)
+        return proc.returncode, (proc.stdout + proc.stderr).strip()
+
     def _log_hint(self) -> str:
         if self.log_dir:
             return ' (see %s)' % os.path.join(self.log_dir, 'control.log')

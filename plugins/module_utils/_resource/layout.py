@@ -209,6 +209,8 @@ class ConfigPaths:
     limits_json: str
     # The defaults the daemon is started with (an EnvironmentFile): not named *.env, which is a resource's own.
     limits_env: str
+    # A v3 resource's configuration, applied by its daemon once at start (-a), rendered from the resource's entry.
+    v3_config: str = ''
 
 
 def config_paths(config_dir: object, name: str, param: str = 'config_dir') -> ConfigPaths:
@@ -223,6 +225,7 @@ def config_paths(config_dir: object, name: str, param: str = 'config_dir') -> Co
         limits_file=base + '.limits',
         limits_json=base + '.limits.json',
         limits_env=base + '.limits-env',
+        v3_config=base + '.mps.toml',
     )
 
 

@@ -40,6 +40,10 @@ class StartRecord:
     driver_version: t.Optional[str] = None
     # Started with -S (static SM partitions, fixed for the daemon's life); only written when true.
     static_partitioning: bool = False
+    # MPS v3 (started with -p 3 -a <file>): the protocol, the resource's server and its owner; only written for v3.
+    protocol: int = 2
+    server: t.Optional[str] = None
+    uid: t.Optional[int] = None
 
     @classmethod
     def from_data(cls, data: t.Any) -> t.Optional['StartRecord']:
@@ -48,6 +52,7 @@ class StartRecord:
             return None
         devices = data.get('devices')
         pid = data.get('pid')
+        uid = data.get('uid')
         return cls(
             devices=[str(uuid) for uuid in devices] if isinstance(devices, list) else [],
             multiuser=bool(data.get('multiuser', False)),
@@ -59,17 +64,26 @@ class StartRecord:
             control_binary=_optional_str(data.get('control_binary')),
             driver_version=_optional_str(data.get('driver_version')),
             static_partitioning=data.get('static_partitioning') is True,
+            protocol=3 if data.get('protocol') == 3 else 2,
+            server=_optional_str(data.get('server')),
+            uid=uid if isinstance(uid, int) and not isinstance(uid, bool) else None,
         )
 
     def to_json(self) -> str:
         data = asdict(self)
         if not self.static_partitioning:
             del data['static_partitioning']  # the records of daemons without it stay as they were
+        if self.protocol != 3:
+            for key in ('protocol', 'server', 'uid'):
+                del data[key]
         return json.dumps(data, indent=2, sort_keys=True) + '\n'
 
     def daemon_view(self) -> t.Dict[str, t.Any]:
         """What the daemon was started with, as the diff and the restart decision compare it."""
-        return {'devices': list(self.devices), 'multiuser': self.multiuser, 'supervisor': self.supervisor, 'shm': self.shm}
+        view = {'devices': list(self.devices), 'multiuser': self.multiuser, 'supervisor': self.supervisor, 'shm': self.shm}
+        if self.protocol == 3:
+            view.update(protocol=3, server=self.server, uid=self.uid)
+        return view
 
 
 def write_record(paths: ResourcePaths, record: StartRecord) -> None:

@@ -46,9 +46,16 @@ for env in "$config_dir"/*.env; do
   [ -e "$wants/gpufleet-mps@$instance.service" ] || continue   # not enabled: pruned or stopped on purpose
   pipe=$(sed -n 's/^CUDA_MPS_PIPE_DIRECTORY=//p' "$env")
   control=$(sed -n 's/^MPS_CONTROL=//p' "$env")
+  server=$(sed -n 's/^MPS_V3_SERVER=//p' "$env")
   case "$pipe" in "$root"/*) ;; *) continue ;; esac
-  answer=$(echo get_default_active_thread_percentage | CUDA_MPS_PIPE_DIRECTORY="$pipe" timeout "$timeout_s" "$control" 2>&1)
-  if printf '%s\n' "$answer" | grep -Eqx '[0-9]+[.][0-9]'; then
+  if [ -n "$server" ]; then   # MPS v3: healthy when the daemon lists the resource's server, Ready
+    answer=$(CUDA_MPS_PIPE_DIRECTORY="$pipe" timeout "$timeout_s" "$control" namespace list --server="$server" --format=csv,noheader 2>&1)
+    good=$(printf '%s\n' "$answer" | grep -c "^default,$server,Ready,")
+  else
+    answer=$(echo get_default_active_thread_percentage | CUDA_MPS_PIPE_DIRECTORY="$pipe" timeout "$timeout_s" "$control" 2>&1)
+    good=$(printf '%s\n' "$answer" | grep -Ecx '[0-9]+[.][0-9]')
+  fi
+  if [ "$good" -gt 0 ]; then
     healthy=$((healthy + 1))
   else
     sick=$((sick + 1))

@@ -79,6 +79,8 @@ class Daemon:
         # Whether the daemon answered a query of this run that read its thread percentage (the health question);
         # a caller that knows the daemon changed since (stopped, restarted) sets it back to False.
         self.answered = False
+        # A v3 resource's server (protocol 3): its health question is whether the daemon lists it.
+        self.v3_server = ''
 
     @property
     def see_log(self) -> str:
@@ -110,27 +112,37 @@ class Daemon:
                 '%s answered %r to %s, not a thread percentage: is it really nvidia-cuda-mps-control? (see %s)' % (
                     self.binary, reply.text[:200], reply.command, self.see_log), control_binary=self.binary) from None
 
-    def offers(self, command_word: str) -> t.Optional[bool]:
+    def offers(self, command_word: str, *, v3: bool = False) -> t.Optional[bool]:
         """Whether the binary's help text lists ``command_word`` (None: the help could not be read).
 
         Asked only where a resource wants a feature that older binaries lack and no running daemon has answered
         for it: ``-h`` prints the help and exits 0 without touching any daemon (r580, gpu-evidence probe2.txt).
         """
         cache = _HELP_TEXTS
-        if self.binary not in cache:
+        # v3: the help of -p 3 -h, which lists the modules (server, namespace) where the binary has v3 [ref 1.1]; r580
+        # answers -p with "Unrecognized option" and its legacy help, exit 0 (gpu-evidence probe2.txt)
+        key = self.binary + (' -p 3' if v3 else '')
+        if key not in cache:
             try:
-                proc = subprocess.run([self.binary, '-h'], stdin=subprocess.DEVNULL, capture_output=True, timeout=10,
-                                      env=control_env(self.environ), check=False)
-                cache[self.binary] = proc.stdout.decode('utf-8', 'replace') + proc.stderr.decode('utf-8', 'replace')
+                proc = subprocess.run([self.binary] + (['-p', '3'] if v3 else []) + ['-h'], stdin=subprocess.DEVNULL,
+                                      capture_output=True, timeout=10, env=control_env(self.environ), check=False)
+                cache[key] = proc.stdout.decode('utf-8', 'replace') + proc.stderr.decode('utf-8', 'replace')
             except (OSError, subprocess.SubprocessError):
-                cache[self.binary] = ''
-        text = cache[self.binary]
+                cache[key] = ''
+        text = cache[key]
         if 'nvidia-cuda-mps-control' not in text and 'MPS' not in text:
             return None
         return any(line.split()[:1] == [command_word] for line in text.splitlines())
 
     def ping(self) -> float:
-        """One UI process: the daemon answers, sanely, or this raises."""
+        """One UI process: the daemon answers, sanely, or this raises (a v3 daemon: it lists the resource's server)."""
+        if self.v3_server:
+            from .._v3.control import read_v3  # pylint: disable=import-outside-toplevel
+            if not read_v3(self.client, self.v3_server).found:
+                raise MpsError('the MPS v3 control daemon of %s answers, but its server %s is not in its lists (see %s)' % (
+                    self.paths.name, self.v3_server, self.see_log))
+            self.answered = True
+            return 100.0
         answer = self.check_answer(self.query([SENTINEL])[0])
         self.answered = True
         return answer
@@ -138,10 +150,15 @@ class Daemon:
     def lock(self) -> 'ResourceLock':
         return resource_lock(self.paths)
 
-    def start(self, uuids: t.Sequence[str], *, multiuser: bool, replay: t.Sequence[str] = ()) -> int:
-        """Run ``-d``, wait until the daemon answers, replay ``replay`` in the first UI session; return its pid."""
+    def start(self, uuids: t.Sequence[str], *, multiuser: bool, replay: t.Sequence[str] = (), v3_config: str = '') -> int:
+        """Run ``-d``, wait until the daemon answers, replay ``replay`` in the first UI session; return its pid.
+
+        ``v3_config``: a v3 resource's file, applied with ``-d -p 3 -a <file>`` (``-m``, not ``-multiuser-server``, for
+        multi-user [ref 1.2]); the start waits until the daemon lists the resource's server (:attr:`v3_server`)."""
         argv = [self.binary, '-d']
-        if multiuser:
+        if v3_config:
+            argv += ['-p', '3', '-a', v3_config] + (['-m'] if multiuser else [])
+        elif multiuser:
             argv.append('-multiuser-server')
         if wants_static(replay):
             argv.append(STATIC_OPTION)  # the replay creates SM partitions: static partitioning is fixed at the start
@@ -175,7 +192,7 @@ class Daemon:
             raise ControlBinaryError('%s -d failed with status %d: %s (see %s)' % (
                 self.binary, proc.returncode, output or '(no output)', self.see_log), rc=proc.returncode, stdout=output)
         try:
-            self.wait_ready(replay)
+            self.wait_ready(() if v3_config else replay)
         except (ControlBinaryError, ControlCommandError, DaemonNotRunningError, DaemonTimeoutError) as exc:
             if not replay or isinstance(exc, ReplayRejectedError) or inspect(self.paths).running:
                 raise
@@ -218,6 +235,12 @@ class Daemon:
 
     def wait_ready(self, replay: t.Sequence[str] = ()) -> t.List[Reply]:
         """Poll with backoff until the daemon answers; the answering session also carries ``replay``."""
+        if self.v3_server and not replay:
+            # a v3 daemon (started by systemd from its environment file): ready once it lists the resource's server
+            from .._v3.control import wait_server  # pylint: disable=import-outside-toplevel
+            wait_server(self.client, self.v3_server, self.start_timeout, self.sleep, self.see_log)
+            self.answered = True
+            return []
         deadline = time.monotonic() + self.start_timeout
         delay = 0.01
         while True:
@@ -242,8 +265,9 @@ class Daemon:
                     pid=pid, log_file=self.control_log) from None
             return replies
 
-    def stop(self, pid: t.Optional[int]) -> bool:
-        """``quit -t <stop_timeout>`` and wait for the daemon to be gone; return True when it had to be forced.
+    def stop(self, pid: t.Optional[int], *, v3: bool = False) -> bool:
+        """``quit -t <stop_timeout>`` (a v3 daemon: ``-q``) and wait for the daemon to be gone; return True when it had to
+        be forced.
 
         Whether the UI exits non-zero after ``quit`` is undocumented (a session the daemon drops as it exits
         is non-zero for the tool with the same front end), so the answer is whether the daemon went away:
@@ -257,9 +281,14 @@ class Daemon:
             pid = inspect(self.paths).pid
         try:
             self.client.timeout = self.stop_timeout + self.start_timeout
-            reply = self.query([quit_command(self.stop_timeout)])[0]
-            # quit prints nothing; any text is the daemon refusing it (quit needs root: "Permission denied").
-            rejected = reply.text or None
+            if v3:
+                # quit is a legacy word; v3 has -q, which takes no timeout (inferred: whether it waits for clients is [U])
+                rc, text = self.client.argv(['-q'])
+                rejected = text if rc != 0 else None
+            else:
+                reply = self.query([quit_command(self.stop_timeout)])[0]
+                # quit prints nothing; any text is the daemon refusing it (quit needs root: "Permission denied").
+                rejected = reply.text or None
         except DaemonNotRunningError:
             pass  # its socket is gone; the process may still be on its way out
         except (ControlBinaryError, ControlCommandError) as exc:

@@ -84,7 +84,7 @@ ExecStartPre=/bin/sh -c 'mkdir -p -m "$${{MPS_LOG_MODE:-0700}}" "$$CUDA_MPS_LOG_
 ExecStartPre=/bin/sh -c 'if [ -n "$$MPS_COMPUTE_MODE" ]; then exec "$$MPS_NVIDIA_SMI" -i "$$CUDA_VISIBLE_DEVICES" -c "$$MPS_COMPUTE_MODE"; fi'
 ExecStart=/bin/sh -c 'exec "$$MPS_CONTROL" -d $$MPS_DAEMON_ARGS $$MPS_STATIC_ARGS'
 ExecStartPost=/bin/sh -c '""" + _REPLAY + """'
-ExecStop=-/bin/sh -c 'echo "{quit} -t $$MPS_STOP_TIMEOUT" | "$$MPS_CONTROL"'
+ExecStop=-/bin/sh -c 'if [ -n "$$MPS_QUIT_ARGS" ]; then exec "$$MPS_CONTROL" $$MPS_QUIT_ARGS; fi; echo "{quit} -t $$MPS_STOP_TIMEOUT" | "$$MPS_CONTROL"'
 ExecStopPost=/bin/sh -c 'if [ -n "$$MPS_COMPUTE_MODE" ]; then "$$MPS_NVIDIA_SMI" -i "$$CUDA_VISIBLE_DEVICES" -c DEFAULT > /dev/null; fi'
 Restart=on-failure
 RestartSec=2s
@@ -237,8 +237,12 @@ SMI_MODE = {'exclusive_process': 'EXCLUSIVE_PROCESS', 'default': 'DEFAULT'}
 
 def unit_environment(paths: ResourcePaths, config: ConfigPaths, uuids: t.Sequence[str], *, multiuser: bool, compute_mode: str,
                      control_binary: str, nvidia_smi: t.Optional[str], stop_timeout: int, log_mode: int,
-                     selinux_type: str = '', foreground: bool = False) -> t.Dict[str, str]:
-    """The instance's environment file: the contract between this collection and the unit template above."""
+                     selinux_type: str = '', foreground: bool = False, v3: t.Optional[t.Any] = None) -> t.Dict[str, str]:
+    """The instance's environment file: the contract between this collection and the unit template above.
+
+    ``v3``: a v3 resource's record (_v3.spec.V3Spec): the daemon starts with ``-p 3 -a <its file>`` (``-m`` for
+    multi-user), stops with ``-q`` (MPS_QUIT_ARGS: ``quit`` is a legacy word), and the health check asks its server
+    (MPS_V3_SERVER); none of these is in a legacy resource's file."""
     values = dict(paths.client_env())
     values.update({
         'CUDA_VISIBLE_DEVICES': ','.join(uuids),
@@ -254,6 +258,13 @@ def unit_environment(paths: ResourcePaths, config: ConfigPaths, uuids: t.Sequenc
     if foreground:
         # Only when set: the environment files of daemons started before the option existed stay as they are.
         values['MPS_FOREGROUND'] = '1'
+    if v3 is not None:
+        if any(char.isspace() for char in config.v3_config):
+            raise InvalidParameterError('config_dir', '%s holds white space: the unit passes the MPS v3 file %s to the daemon '
+                                        'as one word' % (config.config_dir, config.v3_config))
+        values['MPS_DAEMON_ARGS'] = '-p 3 -a %s%s' % (config.v3_config, ' -m' if multiuser else '')
+        values['MPS_QUIT_ARGS'] = '-q'
+        values['MPS_V3_SERVER'] = v3.server
     return values
 
 

@@ -37,19 +37,25 @@ class Health:
         os.chmod(self.script, 0o755)
         self.pids = []
 
-    def start(self, name, uuid, enabled=True):
+    def start(self, name, uuid, enabled=True, v3_server=''):
         paths = resource_paths(self.root, name)
         config = config_paths(self.etc, name)
         for directory in (paths.pipe_dir, paths.log_dir):  # as the modules do: a real -d creates neither
             os.makedirs(directory, exist_ok=True)
-        subprocess.run([self.binary, '-d'], env=daemon_env(paths, [uuid]), check=True, capture_output=True)
+        args = []
+        if v3_server:  # an MPS v3 daemon with one server, as the unit starts a v3 resource's
+            with open(config.v3_config, 'w', encoding='utf-8') as handle:
+                handle.write('schema_version = "1.0"\n[servers.%s]\nallowed_devices = "%s"\nuid = %d\n' % (v3_server, uuid, os.geteuid()))
+            args = ['-p', '3', '-a', config.v3_config]
+        subprocess.run([self.binary, '-d', *args], env=daemon_env(paths, [uuid]), check=True, capture_output=True)
         for attempt in range(200):
             if inspect(paths).running:
                 break
             time.sleep(0.05)
         self.pids.append(inspect(paths).pid)
         with open(config.env_file, 'w', encoding='utf-8') as handle:
-            handle.write('# test\nCUDA_MPS_PIPE_DIRECTORY=%s\nMPS_CONTROL=%s\n' % (paths.pipe_dir, self.binary))
+            handle.write('# test\nCUDA_MPS_PIPE_DIRECTORY=%s\nMPS_CONTROL=%s\n' % (paths.pipe_dir, self.binary)
+                         + ('MPS_V3_SERVER=%s\n' % v3_server if v3_server else ''))
         if enabled:
             os.symlink('/dev/null', os.path.join(self.units, 'multi-user.target.wants', 'gpufleet-mps@%s.service' % config.instance))
         return self.pids[-1]
@@ -113,6 +119,29 @@ def test_a_stopped_daemon_of_an_enabled_unit_withdraws_the_mark(health):
     os.kill(pid, signal.SIGKILL)
     health.run()
     assert not health.ready
+
+
+def test_a_v3_daemon_is_healthy_while_it_lists_its_server(health):
+    """A v3 resource (MPS_V3_SERVER in its environment file) is asked with v3 words - never the legacy question, which a
+    v3 daemon refuses - and is healthy while it lists its server Ready (issue 43)."""
+    import re  # pylint: disable=import-outside-toplevel
+    with open(os.environ['FAKE_NVML_CONFIG'], encoding='utf-8') as handle:
+        text = handle.read()
+    with open(os.environ['FAKE_NVML_CONFIG'], 'w', encoding='utf-8') as handle:
+        handle.write(re.sub(r'(?m)^cuda_driver_version = .*$', 'cuda_driver_version = 13040', text))
+    gpus = _uuids()
+    health.start('train', gpus[0])
+    pid = health.start('shared', gpus[1], v3_server='shared')
+    result = health.run()
+    assert health.ready and '2 daemon(s) healthy' in result.stdout, result.stdout + result.stderr
+    os.kill(pid, signal.SIGSTOP)  # hung: it accepts, never answers
+    try:
+        result = health.run()
+        assert not health.ready and 'shared/pipe did not answer within 2s' in result.stderr, result.stderr
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    health.run()
+    assert health.ready
 
 
 def test_the_units_and_what_they_refuse(tmp_path):

@@ -65,6 +65,8 @@ FRAGMENTS = COLLECTION / 'plugins' / 'doc_fragments' / '_common.py'
 ENTRY_DOCUMENTED_BY = {'devices': 'mps_daemon', 'multiuser': 'mps_daemon', 'active_thread_percentage': 'mps_limits',
                        'pinned_device_mem_limit': 'mps_limits', 'replicas': 'mps_limits', 'oversubscribe': 'mps_limits',
                        'client_priority': 'mps_limits', 'sm_partitions': 'mps_limits'}
+# Shared keys only an entry of mps_host's resources takes (MPS v3): described there, as the entry's suboptions.
+ENTRY_ONLY = ('protocol', 'server', 'uid', 'namespaces')
 
 
 # A module's own option of a name a fragment describes, with the reason it means something else there.
@@ -116,6 +118,13 @@ def test_every_shared_option_is_described_in_one_place_with_its_declared_type():
                 assert ENTRY_DOCUMENTED_BY.get(name) == module, '%s describes the shared option %s itself' % (module, name)
                 described[name] = module
                 assert _declared(own[name]) == _expected(OPTIONS[name]), (module, name)
+    entry = _documentation('mps_host')['options']['resources']['suboptions']
+    for name in ENTRY_ONLY:
+        assert name not in described, '%s is an entry\'s own key, described elsewhere too' % name
+        described[name] = 'mps_host resources[]'
+        assert _declared(entry[name]) == _expected(OPTIONS[name]), name
+        for key, sub_doc in OPTIONS[name].get('options', {}).items():
+            assert _declared(entry[name]['suboptions'][key]) == sub_doc, (name, key)
     assert sorted(set(OPTIONS) - set(described)) == []
 
 

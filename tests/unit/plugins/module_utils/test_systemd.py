@@ -21,7 +21,9 @@ def test_unit_reads_the_instance_environment_and_replays_limits_after_start():
     assert 'Type=forking' in unit
     assert 'Restart=on-failure' in unit
     # quit's UI exit status is undocumented: systemd judges the stop by the daemon's exit ("-" ignores the status)
-    assert "ExecStop=-/bin/sh -c 'echo \"quit -t $$MPS_STOP_TIMEOUT\" | \"$$MPS_CONTROL\"'" in unit
+    # (a v3 daemon, whose environment file sets MPS_QUIT_ARGS=-q, is stopped with -q: quit is a legacy word)
+    assert ("ExecStop=-/bin/sh -c 'if [ -n \"$$MPS_QUIT_ARGS\" ]; then exec \"$$MPS_CONTROL\" $$MPS_QUIT_ARGS; fi; "
+            "echo \"quit -t $$MPS_STOP_TIMEOUT\" | \"$$MPS_CONTROL\"'") in unit
     assert 'ExecStartPost=' in unit and '$$MPS_LIMITS_FILE' in unit
     # systemd kills only after quit -t had its chance
     assert 'TimeoutStopSec=30' in unit
@@ -267,3 +269,58 @@ def test_unit_order_names_are_kept_in_order_each_once():
     assert _systemd.validate_units(['slurmd.service', 'getty@tty1.service', 'slurmd.service', 'multi-user.target'], 'unit_before') == (
         'slurmd.service', 'getty@tty1.service', 'multi-user.target')
     assert _systemd.validate_units(None, 'unit_after') == () and _systemd.validate_units([], 'unit_after') == ()
+
+
+def _unit_shell(unit: str, key: str) -> str:
+    line = next(line for line in unit.splitlines() if line.startswith(key + '=') and "/bin/sh -c '" in line)
+    return line.split("-c '", 1)[1].rsplit("'", 1)[0].replace('$$', '$')
+
+
+@pytest.mark.parametrize('v3', [False, True])
+def test_the_units_start_and_stop_speak_the_daemons_protocol(simhost, v3):
+    """ExecStart and ExecStop as systemd runs them, from the environment file, against the simulated r615 binary: a v3
+    resource starts with -p 3 -a <file> and stops with -q; a legacy one as always (issue 43)."""
+    import re  # pylint: disable=import-outside-toplevel
+    from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import config_paths, resource_paths
+    from ansible_collections.gpufleet.mps.plugins.module_utils._v3.spec import NamespaceLimits, V3Spec
+    with open(os.environ['FAKE_NVML_CONFIG'], encoding='utf-8') as handle:
+        text = handle.read()
+    with open(os.environ['FAKE_NVML_CONFIG'], 'w', encoding='utf-8') as handle:
+        handle.write(re.sub(r'(?m)^cuda_driver_version = .*$', 'cuda_driver_version = 13040', text))
+    uuid = re.search(r'(?m)^uuid = (\S+)$', text).group(1)
+    binary = str(simhost / 'host' / 'bin' / 'nvidia-cuda-mps-control')
+    paths = resource_paths(str(simhost / 'root'), 'train')  # short: the sockets' paths must fit
+    config = config_paths(str(simhost / 'etc'), 'train')
+    spec = V3Spec('train', (uuid,), os.geteuid(), False, NamespaceLimits(40.0), (('small', NamespaceLimits(10.0)),)) if v3 else None
+    os.makedirs(config.config_dir)
+    if spec is not None:
+        with open(config.v3_config, 'w', encoding='utf-8') as handle:
+            handle.write(spec.toml())
+    values = _systemd.unit_environment(paths, config, [uuid], multiuser=False, compute_mode='unchanged', control_binary=binary,
+                                       nvidia_smi=None, stop_timeout=5, log_mode=0o700, v3=spec)
+    assert ('MPS_QUIT_ARGS' in values) is v3 and ('-p 3 -a %s' % config.v3_config in values['MPS_DAEMON_ARGS']) is v3
+    env = {key: value for key, value in os.environ.items() if not key.startswith('CUDA_MPS_')}
+    env.update(values, MPS_STATIC_ARGS='')
+    os.makedirs(paths.pipe_dir)
+    os.makedirs(paths.log_dir)
+    unit = _systemd.render_unit(config.config_dir, 30, 5)
+    started = subprocess.run(['/bin/sh', '-c', _unit_shell(unit, 'ExecStart')], env=env, capture_output=True, text=True, timeout=30,
+                             check=False)
+    assert started.returncode == 0, started.stdout + started.stderr
+    with open(os.path.join(paths.pipe_dir, 'nvidia-cuda-mps-control.pid'), encoding='utf-8') as handle:
+        pid = int(handle.read())
+    try:
+        listed = subprocess.run([binary, 'namespace', 'list', '--server=train', '--format=csv,noheader'], env=env,
+                                capture_output=True, text=True, timeout=30, check=False)
+        assert (listed.returncode == 0 and 'small,train' in listed.stdout) is v3, listed.stdout
+        stopped = subprocess.run(['/bin/sh', '-c', _unit_shell(unit, 'ExecStop')], env=env, capture_output=True, text=True,
+                                 timeout=30, check=False)
+        for _ in range(200):
+            if not os.path.exists('/proc/%d' % pid) or open('/proc/%d/stat' % pid, encoding='utf-8').read().split(') ')[1][0] == 'Z':
+                break
+            subprocess.run(['sleep', '0.05'], check=False)
+        else:
+            raise AssertionError('ExecStop left the daemon running: %s' % (stopped.stdout + stopped.stderr))
+    finally:
+        if os.path.exists('/proc/%d' % pid):
+            os.kill(pid, 9)

@@ -1,0 +1,170 @@
+# Copyright: gpufleet.mps contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""A ``protocol: 3`` resource through mps_host on the simulated r615 host (issue 43): provisioned with two namespaces,
+clients held to each namespace's limits through the published environment, a namespace changed live beside an attached
+client, the same change refused under busy=refuse where its own client is attached, a restart and a simulated reboot
+bringing the namespaces back, teardown leaving nothing - check mode first at each step, equal to what apply did.
+
+Everything v3 the simulator does is inferred from NVIDIA's pages (tests/fakes/mps/mps_v3.py); no r615 GPU ran this."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+
+import pytest
+
+
+def _r615():
+    path = os.environ['FAKE_NVML_CONFIG']
+    with open(path, encoding='utf-8') as handle:
+        text = handle.read()
+    with open(path, 'w', encoding='utf-8') as handle:
+        handle.write(re.sub(r'(?m)^cuda_driver_version = .*$', 'cuda_driver_version = 13040',
+                            re.sub(r'(?m)^driver_version = .*$', 'driver_version = 615.71.09', text)))
+
+
+UID = os.geteuid()
+
+
+def entry(**more):
+    found = {'name': 'train', 'devices': [0], 'protocol': '3', 'uid': UID, 'active_thread_percentage': 50,
+             'namespaces': [{'name': 'small', 'active_thread_percentage': 20, 'pinned_device_mem_limit': '2G'},
+                            {'name': 'big', 'active_thread_percentage': 80}]}
+    found.update(more)
+    return found
+
+
+def client_at(host, pipe_dir, **env):
+    """A simulated CUDA client with CUDA_MPS_PIPE_DIRECTORY=pipe_dir: (process, what it reported)."""
+    proc = subprocess.Popen([os.path.join(host.bin, 'mps-sim-client')],  # pylint: disable=consider-using-with
+                            env=dict({k: v for k, v in os.environ.items() if not k.startswith('CUDA_MPS_')},
+                                     CUDA_MPS_PIPE_DIRECTORY=pipe_dir, **env),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    host.clients.append(proc)
+    info = json.loads(proc.stdout.readline())
+    assert info['ok'], info
+    return proc, info
+
+
+def namespaces(host, server='train'):
+    out = subprocess.run([host.binary, 'namespace', 'list', '--server=%s' % server, '--format=csv,noheader'], check=True,
+                         env=dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=host.pipe('train')), capture_output=True, text=True).stdout
+    return {row.split(',')[0]: row.split(',')[3:6] for row in out.splitlines() if row}
+
+
+def twice(host, resources, **options):
+    """Check mode, then the run: the plan check mode returned is what the run did."""
+    planned = host.run(resources, check=True, **options)
+    applied = host.run(resources, **options)
+    assert not planned.get('failed') and not applied.get('failed'), (planned, applied)
+    assert planned['changed'] == applied['changed'] and planned['actions'] == applied['actions'], (planned, applied)
+    return applied
+
+
+def test_a_v3_resource_end_to_end(host):
+    _r615()
+    result = twice(host, [entry()])
+    assert result['changed'] and any('MPS v3, server train' in action for action in result['actions']), result['actions']
+    res = result['resources'][0]
+    server_dir = os.path.join(host.pipe('train'), 'train')
+    assert res['env']['CUDA_MPS_PIPE_DIRECTORY'] == server_dir  # never <pipe>: its main socket routes to uid_<uid>
+    assert res['protocol'] == '3' and [ns['name'] for ns in res['v3']['namespaces']] == ['small', 'big']
+    assert namespaces(host) == {'default': ['-', '50.00', '-'], 'small': ['2G', '20.00', '-'], 'big': ['-', '80.00', '-']}
+    # the published environment lands in the named server; each namespace's client gets its limits
+    _, default = client_at(host, server_dir)
+    assert (default['server'], default['namespace'], default['active_thread_percentage']) == ('train', 'default', 50.0)
+    small_proc, small = client_at(host, os.path.join(server_dir, 'small'))
+    assert small['active_thread_percentage'] == 20.0 and set(small['pinned_mem_limit_mib'].values()) == {2048}
+    _, big = client_at(host, os.path.join(server_dir, 'big'))
+    assert big['active_thread_percentage'] == 80.0
+    pid = list(host.daemons())[0]
+    again = twice(host, [entry()])
+    assert not again['changed'] and list(host.daemons()) == [pid]
+
+    # big changed live while small has a client: no restart, the small client undisturbed
+    changed = entry(namespaces=[{'name': 'small', 'active_thread_percentage': 20, 'pinned_device_mem_limit': '2G'},
+                                {'name': 'big', 'active_thread_percentage': 60}])
+    # ... but big has a client too: refused under busy=refuse, nothing done
+    refused = host.run([changed])
+    assert refused.get('failed') and 'busy' in refused['msg'] and 'namespace big' in refused['msg'], refused
+    assert namespaces(host)['big'] == ['-', '80.00', '-']
+    for proc in host.clients[1:]:
+        if proc is not small_proc:
+            host.leave(proc)
+    host.clients = [proc for proc in host.clients if proc.poll() is None]
+    result = twice(host, [changed])
+    assert result['changed'] and list(host.daemons()) == [pid], result['actions']
+    assert namespaces(host)['big'] == ['-', '60.00', '-'] and small_proc.poll() is None
+    _, big = client_at(host, os.path.join(server_dir, 'big'))
+    assert big['active_thread_percentage'] == 60.0
+    with open(os.path.join(host.etc, 'train.mps.toml'), encoding='utf-8') as handle:
+        assert 'active_thread_percentage = "60"' in handle.read()  # MPS keeps no CLI change: the file holds it
+
+    # a namespace removed from the list is deleted; one added is created
+    host.leave(small_proc)
+    host.clients = [proc for proc in host.clients if proc.poll() is None]
+    for proc in list(host.clients):
+        host.leave(proc)
+    host.clients = []
+    later = entry(namespaces=[{'name': 'eval', 'client_priority': 'below_normal'}])
+    result = twice(host, [later])
+    assert list(host.daemons()) == [pid] and set(namespaces(host)) == {'default', 'eval'}
+    assert namespaces(host)['eval'] == ['-', '50.00', '1']  # the resource's limits unless given: never the whole GPU
+
+    # a restart and a simulated reboot bring the namespaces back from the file
+    os.kill(pid, 9)
+    _wait_gone(pid)
+    recovered = twice(host, [later])
+    assert recovered['changed'] and set(namespaces(host)) == {'default', 'eval'}
+    assert namespaces(host)['eval'] == ['-', '50.00', '1']
+
+    # teardown leaves nothing
+    down = twice(host, [], state='absent')
+    assert down['changed'] and not host.daemons()
+    assert not os.path.exists(os.path.join(host.etc, 'train.mps.toml'))
+    left = sorted(os.path.relpath(os.path.join(top, name), host.root) for top, dirs, files in os.walk(host.root) for name in dirs + files)
+    assert left == ['train', 'train/log', 'train/log/control.log', 'train/log/server.log'], (left, down.get('warnings'))  # logs stay
+
+
+def _wait_gone(pid):
+    import time
+    deadline = time.monotonic() + 10
+    while os.path.exists('/proc/%d' % pid) and time.monotonic() < deadline:
+        with open('/proc/%d/stat' % pid, encoding='utf-8') as handle:
+            if handle.read().split(') ', 1)[1].startswith('Z'):
+                break
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize('bad, param, words', [
+    ({'uid': None, 'multiuser': False}, 'resources[train].uid', 'serves only its owner'),
+    ({'server': 'Train'}, 'resources[train].server', 'MPS v3 takes'),
+    ({'server': 'uid_0'}, 'resources[train].server', 'automatic server'),
+    ({'sm_partitions': [8]}, 'resources[train].sm_partitions', 'protocol: 3'),
+    ({'namespaces': [{'name': 'Big'}]}, 'resources[train].namespaces[0].name', 'MPS v3 takes'),
+    ({'namespaces': [{'name': 'default'}]}, 'resources[train].namespaces[0].name', 'own namespace'),
+    ({'namespaces': [{'name': 'a'}, {'name': 'a'}]}, 'resources[train].namespaces', 'listed twice'),
+    ({'protocol': 'legacy'}, 'resources[train].uid', 'needs protocol: 3'),
+])
+def test_refusals_before_any_change(host, bad, param, words):
+    _r615()
+    result = host.run([entry(**bad)])
+    assert result.get('failed') and not result.get('changed'), result
+    assert param in result['msg'] and words in result['msg'], result['msg']
+    assert not host.daemons() and not os.path.exists(os.path.join(host.root, 'train'))
+
+
+def test_v3_refused_where_the_binary_has_none(host):
+    result = host.run([entry()])  # the simulated host's default binary is r580's
+    assert result.get('failed') and not result.get('changed'), result
+    assert 'resources[train].protocol' in result['msg'] and 'no MPS v3' in result['msg'], result['msg']
+    assert not host.daemons()
+
+
+def test_a_colliding_server_name_is_refused(host):
+    _r615()
+    result = host.run([entry(), dict(entry(name='other', devices=[1]), server='train')])
+    assert result.get('failed') and 'resources[other].server' in result['msg'] and "'train'" in result['msg'], result['msg']
+    assert not host.daemons()
