@@ -147,7 +147,7 @@ class Collector:
         try:
             try:
                 readout = read_daemon(view, paths.name, client.batch, ordinals, seen.liveness.pid, partitions=static,
-                                      servers='servers' in self.request.gather)
+                                      servers='servers' in self.request.gather, client=client)
             finally:
                 self.ui_processes += client.processes
         except DaemonTimeoutError:
@@ -160,7 +160,7 @@ class Collector:
         except UnicodeDecodeError as exc:
             view.failures[paths.name] = 'the control UI printed unreadable output (%s)' % exc
             return
-        for server in readout.servers:
+        for server in getattr(readout, 'servers', ()):  # a v3 daemon's readout lists its server's clients instead
             view.uids[server.pid] = self.uid_of(server.pid)
         for found in view.clients[paths.name][1]:  # with the uid read_daemon read: whose each client is (issue 44)
             if found['pid'] not in view.owners:

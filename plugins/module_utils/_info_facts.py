@@ -245,6 +245,10 @@ class Facts:
         """What the daemon answered in its one control batch; a silent or broken daemon is reported, not raised."""
         failure = self.view.failures.get(paths.name)
         readout = self.view.readouts.get(paths.name)
+        v3 = self.view.v3.get(paths.name)
+        if failure is None and v3 is not None:
+            self._reported_v3(paths, v3[1], facts)
+            return
         if failure is not None or readout is None:
             facts['error'] = failure or 'not asked'
             self.warnings.append('the MPS control daemon of %s (pid %s) runs but could not be asked: %s' % (
@@ -274,6 +278,23 @@ class Facts:
         if differences:
             self.warnings.append('the limits of the MPS control daemon of %s differ from the persisted ones: %s' % (
                 paths.name, '; '.join(differences)))
+
+    def _reported_v3(self, paths: ResourcePaths, readout: t.Any, facts: t.Dict[str, t.Any]) -> None:
+        """A v3 daemon (started by mps_host from a protocol: 3 entry): its server, its namespaces' limits as it lists them,
+        its clients with their namespace and owner (issue 43)."""
+        facts['healthy'] = readout.found
+        clients = [dict(self.view.owners.get(pid) or {'pid': pid, 'owner': 'unknown'}, namespace=namespace)
+                   for pid, namespace in readout.clients]
+        facts['v3'] = {'server': readout.server, 'listed': readout.found, 'status': readout.status or None,
+                       'pipe_directory': os.path.join(paths.pipe_dir, readout.server),
+                       'namespaces': {name: limits.as_dict() for name, limits in readout.namespaces.items()},
+                       'clients': clients}
+        if 'servers' in facts:
+            facts['clients_by_owner'] = owner_counts(clients)
+        if not readout.found:
+            facts['error'] = 'its MPS v3 server %s is not in its lists' % readout.server
+            self.warnings.append('the MPS v3 control daemon of %s (pid %s) runs, but its server %s is not in its lists: '
+                                 'gpufleet.mps.mps_host starts it again' % (paths.name, facts['pid'], readout.server))
 
     def _slice(self, uuids: t.Sequence[str], by_uuid: t.Mapping[str, Gpu], persisted: t.Optional[Limits]) -> t.Dict[str, t.Any]:
         """One of ``slices`` clients' share of the daemon's GPUs, as the environment it sets (``slice_env``), capped by the

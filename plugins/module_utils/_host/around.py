@@ -149,10 +149,19 @@ class Around:
     def _slurm_resources(self, entries: t.Sequence[t.Any]) -> t.List[t.Dict[str, t.Any]]:
         """The listed resources (_host.entries.ResourceEntry) as the Slurm hook renders them: their directories and GPUs in the
         daemon's order; resources on MIG devices left out (Slurm describes MIG devices itself)."""
-        return [{'name': entry.name, 'pipe_dir': resource_paths(self.root, entry.name).pipe_dir,
-                 'log_dir': resource_paths(self.root, entry.name).log_dir,
-                 'devices': [{'index': gpu.index, 'uuid': gpu.uuid, 'memory_total_mib': gpu.memory_total_mib} for gpu in entry.devices]}
-                for entry in entries if not any(gpu.is_mig for gpu in entry.devices)]
+        found = []
+        for entry in entries:
+            if any(gpu.is_mig for gpu in entry.devices):
+                continue
+            paths = resource_paths(self.root, entry.name)
+            item = {'name': entry.name, 'pipe_dir': paths.pipe_dir, 'log_dir': paths.log_dir,
+                    'devices': [{'index': gpu.index, 'uuid': gpu.uuid, 'memory_total_mib': gpu.memory_total_mib}
+                                for gpu in entry.devices]}
+            if entry.v3 is not None:
+                # MPS v3: jobs are pointed at the server, never at <pipe>, whose main socket routes to uid_<uid> [ref 1.9]
+                item['client_pipe_dir'] = entry.v3.pipe_dir(paths.pipe_dir)
+            found.append(item)
+        return found
 
     def slurm(self, out: Outcome, entries: t.Optional[t.Sequence[t.Any]]) -> None:
         """Slurm's TaskProlog and gres.conf from the listed resources (``entries``: None when the hook is not wanted).

@@ -157,8 +157,6 @@ class HostManager:
             why = ('foreground (the foreground unit waits for the daemon with a legacy question)', 'foreground')
         elif self.params['metrics_dir'] and self.params['health_check'] and res.setup.supervisor == 'systemd':
             why = ('metrics_dir (the metrics script reads each daemon with legacy words)', 'metrics_dir')
-        elif self.params['slurm_hook']:
-            why = ('slurm_hook (its TaskProlog points jobs at the legacy pipe directory, not at the v3 server\'s)', 'slurm_hook')
         if why:
             raise InvalidParameterError(why[1], 'resources[%s] has protocol: 3, which this version does not support with %s' % (
                 res.name, why[0]))

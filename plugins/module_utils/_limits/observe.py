@@ -71,6 +71,10 @@ def daemon_scope(view: t.Any, paths: ResourcePaths, config: ConfigPaths, gpus: t
     scope = functools.partial(DaemonScope, liveness=liveness, record=record)
     reader = file_reader(view, config, paths.name)
     uuids: t.Optional[t.List[str]] = None
+    if record is not None and record.protocol == 3 and planned is not None:
+        # MPS v3 runs there and mps_host switches the resource to the legacy protocol: the daemon restarts (the protocol
+        # differs), so the legacy limits are persisted for the new start, never sent to the v3 daemon
+        return scope(list(planned), running=False, pid=None, order_known=True, scope_known=True)
     if record is not None:
         uuids = list(record.devices)
     elif liveness.running and liveness.pid:

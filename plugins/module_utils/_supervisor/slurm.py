@@ -86,6 +86,8 @@ class _Resource(t.NamedTuple):
     pipe_dir: str
     log_dir: str
     gpus: t.List[_Gpu]
+    # What a job sets CUDA_MPS_PIPE_DIRECTORY to: the pipe directory, or an MPS v3 resource's server directory.
+    client_pipe_dir: str = ''
 
 
 def _resources(resources: object, *, memory: bool, dirs: bool = True) -> t.List[_Resource]:
@@ -123,7 +125,9 @@ def _resources(resources: object, *, memory: bool, dirs: bool = True) -> t.List[
                 raise MpsError('GPU %d is served by resource %s and by %s: one MPS daemon per GPU' % (index, owner[index], where))
             owner[index] = name
             gpus.append(_Gpu(index, name, ordinal, mib))
-        found.append(_Resource(name, pipe_dir, log_dir, gpus))
+        client = item.get('client_pipe_dir')
+        client_pipe = _path(client, '%s: client_pipe_dir' % where) if dirs and client is not None else pipe_dir
+        found.append(_Resource(name, pipe_dir, log_dir, gpus, client_pipe))
     return found
 
 
@@ -151,7 +155,8 @@ refuse() {
   exit 1
 }
 
-# $1: a GPU index -> resource, pipe, log, ordinal (its number among the daemon's GPUs), mib (its memory)
+# $1: a GPU index -> resource, pipe, client (the directory a job is given: pipe, or an MPS v3 resource's server
+# directory), log, ordinal (its number among the daemon's GPUs), mib (its memory)
 serve() {
   case $1 in
 @CASES@
@@ -184,7 +189,7 @@ esac
 set -f
 old_ifs=$IFS
 IFS=,
-served_by='' served_pipe='' served_log='' ordinals='' limits=''
+served_by='' served_pipe='' served_client='' served_log='' ordinals='' limits=''
 for gpu in $gpus; do
   case $gpu in
     ''|*[!0-9]*) refuse "Slurm gave this job the GPUs '$gpus': not a list of GPU indices" ;;
@@ -193,7 +198,7 @@ for gpu in $gpus; do
   if [ -n "$served_by" ] && [ "$served_by" != "$resource" ]; then
     refuse "GPUs $gpus of this job are served by different MPS daemons under $root ($served_by, $resource): an MPS client reaches one"
   fi
-  served_by=$resource served_pipe=$pipe served_log=$log
+  served_by=$resource served_pipe=$pipe served_client=$client served_log=$log
   ordinals=${ordinals:+$ordinals,}$ordinal
   limits=${limits:+$limits,}$ordinal=$((mib * share / 100))M
 done
@@ -201,11 +206,12 @@ IFS=$old_ifs
 set +f
 
 running "$served_pipe" || refuse "the MPS daemon of GPU $gpus (resource $served_by, $served_pipe) under $root is not running"
+[ -S "$served_client/control" ] || refuse "the MPS v3 server of GPU $gpus (resource $served_by, $served_client) under $root is not there"
 if [ "$memory_share" = 1 ] && [ "$share" -lt 1 ]; then
   refuse "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$pct is not a percentage of at least 1: no GPU memory share to pin"
 fi
 
-printf 'export CUDA_MPS_PIPE_DIRECTORY=%s\n' "$served_pipe"
+printf 'export CUDA_MPS_PIPE_DIRECTORY=%s\n' "$served_client"
 printf 'export CUDA_MPS_LOG_DIRECTORY=%s\n' "$served_log"
 printf 'export CUDA_VISIBLE_DEVICES=%s\n' "$ordinals"
 if [ "$memory_share" = 1 ]; then
@@ -235,10 +241,11 @@ def render_task_prolog(root: str, resources: t.Sequence[t.Mapping[str, t.Any]], 
     served = []
     for resource in parsed:
         indices = ', '.join(str(gpu.index) for gpu in resource.gpus)
-        served.append('#   %s: GPU%s %s (%s)' % (resource.name, 's' if len(resource.gpus) > 1 else '', indices, resource.pipe_dir))
+        served.append('#   %s: GPU%s %s (%s)' % (resource.name, 's' if len(resource.gpus) > 1 else '', indices, resource.client_pipe_dir))
         for gpu in resource.gpus:
-            cases.append("    %d) resource='%s' pipe='%s' log='%s' ordinal=%d mib=%d ;;" % (
-                gpu.index, resource.name, resource.pipe_dir, resource.log_dir, gpu.ordinal, gpu.memory_mib or 0))
+            cases.append("    %d) resource='%s' pipe='%s' client='%s' log='%s' ordinal=%d mib=%d ;;" % (
+                gpu.index, resource.name, resource.pipe_dir, resource.client_pipe_dir, resource.log_dir, gpu.ordinal,
+                gpu.memory_mib or 0))
     cases.sort(key=lambda line: int(line.split(')', 1)[0]))
     replacements = {
         '@MANAGED@': MANAGED,

@@ -10,6 +10,7 @@ jobs only) was observed on a real Slurm: tests/engines/test_slurm.py.
 from __future__ import annotations
 
 import os
+import socket
 import shutil
 import signal
 import subprocess
@@ -332,3 +333,27 @@ def test_gres_conf_refuses_a_gpu_of_two_resources_and_mig_devices():
         render_gres_conf(DOC_RESOURCES + [{'name': 'other', 'devices': [{'index': 0, 'uuid': 'GPU-0'}]}])
     with pytest.raises(MpsError, match='MIG device'):
         render_gres_conf([{'name': 'mig', 'devices': [{'index': 1, 'uuid': 'MIG-1', 'mig': '1:0'}]}])
+
+
+def test_an_mps_v3_resource_points_the_job_at_its_server_never_at_the_pipe_directory(host):
+    """The v3 TaskProlog (issue 43): the job gets <pipe>/<server> - the pipe directory's main socket would route it to an
+    automatic uid_<uid> server outside the resource's limits - and fails while the server's socket is missing."""
+    server_dir = os.path.join(host.pipe('infer'), 'infer')
+    resources = [host.resources[0], dict(host.resources[1], client_pipe_dir=server_dir)]
+    host.start('train')
+    host.start('infer')
+    path = host.prolog(resources=resources)
+    assert run(path, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE='25', SLURM_STEP_GPUS='0') == (0, exports(host, 'train', '0'))
+    assert list(run(path, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE='25', SLURM_STEP_GPUS='1')) == refused(
+        'the MPS v3 server of GPU 1 (resource infer, %s) under %s is not there' % (server_dir, host.root))
+    os.makedirs(server_dir)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        sock.bind(os.path.join(server_dir, 'control'))
+        code, lines = run(path, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE='25', SLURM_STEP_GPUS='1')
+        assert code == 0 and lines[0] == 'export CUDA_MPS_PIPE_DIRECTORY=%s' % server_dir and lines[2:] == [
+            'export CUDA_VISIBLE_DEVICES=1'], lines
+    finally:
+        sock.close()
+    with open(path, encoding='utf-8') as handle:
+        assert '#   infer: GPUs 3, 1 (%s)' % server_dir in handle.read()

@@ -168,3 +168,46 @@ def test_a_colliding_server_name_is_refused(host):
     result = host.run([entry(), dict(entry(name='other', devices=[1]), server='train')])
     assert result.get('failed') and 'resources[other].server' in result['msg'] and "'train'" in result['msg'], result['msg']
     assert not host.daemons()
+
+
+def test_the_other_modules_face_a_v3_resource(host):
+    """mps_info reports the server, its namespaces and whose each client is; mps_limits and mps_daemon (which manage legacy
+    daemons) refuse to start or change it; mps_daemon state=absent stops it with -q and restores the GPU."""
+    _r615()
+    host.ok([entry()])
+    pid = list(host.daemons())[0]
+    server_dir = os.path.join(host.pipe('train'), 'train')
+    client_at(host, os.path.join(server_dir, 'small'))
+    info = host.module('mps_info', gather=['daemons', 'servers'])
+    daemon = [d for d in info['daemons'] if d['name'] == 'train'][0]
+    assert daemon['protocol'] == 3 and daemon['healthy'] and not daemon.get('error'), daemon
+    assert daemon['v3']['server'] == 'train' and daemon['v3']['pipe_directory'] == server_dir
+    assert daemon['v3']['namespaces']['small'] == {'active_thread_percentage': 20.0, 'pinned_device_mem_limit_mib': 2048,
+                                                   'client_priority': None}
+    assert [(c['namespace'], c['owner']) for c in daemon['v3']['clients']] == [('small', daemon['v3']['clients'][0]['owner'])]
+    assert daemon['clients_by_owner']
+    limits = host.module('mps_limits', name='train', active_thread_percentage=30)
+    assert limits.get('failed') and 'runs MPS v3' in limits['msg'] and 'mps_host' in limits['msg'], limits
+    started = host.module('mps_daemon', name='train', devices=[0])
+    assert started.get('failed') and 'runs MPS v3' in started['msg'] and list(host.daemons()) == [pid], started
+    for proc in host.clients:
+        host.leave(proc)
+    host.clients = []
+    stopped = host.module('mps_daemon', name='train', state='absent')
+    assert not stopped.get('failed') and stopped['changed'] and not host.daemons(), stopped
+    assert host.compute_modes()[0] == 0  # DEFAULT again
+
+
+def test_switching_protocols_restarts_and_leaves_no_file_of_the_other(host):
+    _r615()
+    host.ok([{'name': 'train', 'devices': [0], 'active_thread_percentage': 40}])
+    legacy = list(host.daemons())[0]
+    assert os.path.exists(os.path.join(host.etc, 'train.limits.json'))
+    result = twice(host, [entry()])
+    assert result['resources'][0]['restarted'] and list(host.daemons()) != [legacy], result['actions']
+    assert not any(os.path.exists(os.path.join(host.etc, 'train' + suffix)) for suffix in ('.limits.json', '.limits', '.limits-env'))
+    assert namespaces(host)['default'] == ['-', '50.00', '-']
+    back = twice(host, [{'name': 'train', 'devices': [0], 'active_thread_percentage': 40}])
+    assert back['resources'][0]['restarted'] and not os.path.exists(os.path.join(host.etc, 'train.mps.toml')), back['actions']
+    again = host.run([{'name': 'train', 'devices': [0], 'active_thread_percentage': 40}])
+    assert not again['changed'], again['actions']
