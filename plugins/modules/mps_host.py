@@ -136,9 +136,10 @@ options:
             C(client_priority) (or C(replicas)) are the limits of the server's C(default) namespace and of every
             namespace that gives none of its own.
           - Under systemd the unit starts it from its environment file (C(MPS_DAEMON_ARGS)) and stops it with C(-q); the
-            health check asks whether the daemon lists the server; O(slurm_hook)'s TaskProlog points jobs at the server.
-          - Refused where the binary has no MPS v3 (the help of C(-p 3 -h) lists no C(server) module), with MIG devices,
-            with C(sm_partitions), and - in this version - with O(foreground) and O(metrics_dir).
+            health check (and O(metrics_dir)'s metrics) ask whether the daemon lists the server, and read its default
+            namespace's limits and its clients; O(slurm_hook)'s TaskProlog points jobs at the server.
+          - Refused where the binary has no MPS v3 (the help of C(-p 3 -h) lists no C(server) module), with MIG devices
+            and with C(sm_partitions).
           - Everything v3 is inferred from NVIDIA's documentation; no r615 binary has run it (see the troubleshooting guide).
         type: str
         choices: [legacy, '3']

@@ -152,14 +152,6 @@ class HostManager:
 
     def _check_v3(self, res: _Resource) -> None:
         """What a v3 resource cannot have yet, refused before anything is read or changed; its daemon asked with v3 words."""
-        why: t.Any = ''
-        if self.params['foreground'] and res.setup.supervisor == 'systemd':
-            why = ('foreground (the foreground unit waits for the daemon with a legacy question)', 'foreground')
-        elif self.params['metrics_dir'] and self.params['health_check'] and res.setup.supervisor == 'systemd':
-            why = ('metrics_dir (the metrics script reads each daemon with legacy words)', 'metrics_dir')
-        if why:
-            raise InvalidParameterError(why[1], 'resources[%s] has protocol: 3, which this version does not support with %s' % (
-                res.name, why[0]))
         res.setup.daemon.v3_server = res.entry.v3.server
         if res.setup.container is not None:
             from .._container import with_engine  # pylint: disable=import-outside-toplevel

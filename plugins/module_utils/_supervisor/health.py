@@ -46,16 +46,9 @@ for env in "$config_dir"/*.env; do
   [ -e "$wants/gpufleet-mps@$instance.service" ] || continue   # not enabled: pruned or stopped on purpose
   pipe=$(sed -n 's/^CUDA_MPS_PIPE_DIRECTORY=//p' "$env")
   control=$(sed -n 's/^MPS_CONTROL=//p' "$env")
-  server=$(sed -n 's/^MPS_V3_SERVER=//p' "$env")
   case "$pipe" in "$root"/*) ;; *) continue ;; esac
-  if [ -n "$server" ]; then   # MPS v3: healthy when the daemon lists the resource's server, Ready
-    answer=$(CUDA_MPS_PIPE_DIRECTORY="$pipe" timeout "$timeout_s" "$control" namespace list --server="$server" --format=csv,noheader 2>&1)
-    good=$(printf '%s\n' "$answer" | grep -c "^default,$server,Ready,")
-  else
-    answer=$(echo get_default_active_thread_percentage | CUDA_MPS_PIPE_DIRECTORY="$pipe" timeout "$timeout_s" "$control" 2>&1)
-    good=$(printf '%s\n' "$answer" | grep -Ecx '[0-9]+[.][0-9]')
-  fi
-  if [ "$good" -gt 0 ]; then
+  answer=$(echo get_default_active_thread_percentage | CUDA_MPS_PIPE_DIRECTORY="$pipe" timeout "$timeout_s" "$control" 2>&1)
+  if printf '%s\n' "$answer" | grep -Eqx '[0-9]+[.][0-9]'; then
     healthy=$((healthy + 1))
   else
     sick=$((sick + 1))
@@ -69,6 +62,21 @@ else
 fi
 exit 0
 """
+# Where a resource runs MPS v3 (MPS_V3_SERVER in its environment file) its daemon is asked with v3 words: whether it
+# lists the resource's server. Only in the script of a host that has a v3 resource: the others stay byte for byte.
+LEGACY_ASK = r"""  case "$pipe" in "$root"/*) ;; *) continue ;; esac
+  answer=$(echo get_default_active_thread_percentage | CUDA_MPS_PIPE_DIRECTORY="$pipe" timeout "$timeout_s" "$control" 2>&1)
+  if printf '%s\n' "$answer" | grep -Eqx '[0-9]+[.][0-9]'; then"""
+V3_ASK = r"""  server=$(sed -n 's/^MPS_V3_SERVER=//p' "$env")
+  case "$pipe" in "$root"/*) ;; *) continue ;; esac
+  if [ -n "$server" ]; then   # MPS v3: healthy when the daemon lists the resource's server, Ready
+    answer=$(CUDA_MPS_PIPE_DIRECTORY="$pipe" timeout "$timeout_s" "$control" namespace list --server="$server" --format=csv,noheader 2>&1)
+    good=$(printf '%s\n' "$answer" | grep -c "^default,$server,Ready,")
+  else
+    answer=$(echo get_default_active_thread_percentage | CUDA_MPS_PIPE_DIRECTORY="$pipe" timeout "$timeout_s" "$control" 2>&1)
+    good=$(printf '%s\n' "$answer" | grep -Ecx '[0-9]+[.][0-9]')
+  fi
+  if [ "$good" -gt 0 ]; then"""
 
 SERVICE_TEMPLATE = """\
 # Managed by the gpufleet.mps Ansible collection (fleet role). Local changes are overwritten.
@@ -105,11 +113,13 @@ def _quoted(value: str, what: str) -> str:
 
 
 def render_health(root: str, config_dir: str, unit_dir: str = '/etc/systemd/system', interval: int = 30,
-                  timeout: int = 10, script: str = SCRIPT_PATH, metrics_dir: t.Optional[str] = None) -> t.Dict[str, str]:
+                  timeout: int = 10, script: str = SCRIPT_PATH, metrics_dir: t.Optional[str] = None, *,
+                  v3: bool = False) -> t.Dict[str, str]:
     """The health check's files: path -> content (the script, the oneshot service, its timer).
 
     ``metrics_dir``: also write ``<metrics_dir>/gpufleet_mps.prom`` for node_exporter's textfile collector on every
-    run; None keeps the script byte for byte as it was before metrics existed.
+    run; None keeps the script byte for byte as it was before metrics existed. ``v3``: a resource of the host runs MPS v3
+    (asked with v3 words; without one the script is byte for byte what hosts ran before v3).
     """
     if interval < 5 or timeout < 1:
         raise MpsError('the health check needs an interval of at least 5 s and a timeout of at least 1 s')
@@ -119,11 +129,13 @@ def render_health(root: str, config_dir: str, unit_dir: str = '/etc/systemd/syst
     if metrics_dir is None:
         content = (SCRIPT_TEMPLATE.replace('@ROOT@', root).replace('@CONFIG_DIR@', config_dir)
                    .replace('@WANTS_DIR@', wants).replace('@TIMEOUT@', str(int(timeout))))
+        if v3:
+            content = content.replace(LEGACY_ASK, V3_ASK)
     else:
         # Imported here: only hosts with metrics compile it (AnsiballZ compiles every module imported, on every run).
         from .metrics import render_metrics_script  # pylint: disable=import-outside-toplevel
         content = render_metrics_script(root, config_dir, wants, timeout,
-                                        _quoted(os.path.normpath(metrics_dir), 'metrics_dir'))
+                                        _quoted(os.path.normpath(metrics_dir), 'metrics_dir'), v3=v3)
     return {
         _quoted(script, 'script'): content,
         os.path.join(unit_dir, HEALTH_NAME + '.service'): SERVICE_TEMPLATE.format(

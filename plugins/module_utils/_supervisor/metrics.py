@@ -6,6 +6,7 @@ script, and what it saw, written to ``<metrics_dir>/gpufleet_mps.prom`` for node
 from __future__ import annotations
 
 # The textfile node_exporter's textfile collector reads (only files named *.prom: the temp file is not one).
+from .._errors import MpsError
 from .health import METRICS_FILE  # noqa: F401  pylint: disable=unused-import
 
 # Why a daemon failed its last check: the values of gpufleet_mps_daemon_error's "reason" label, every one always exported.
@@ -337,17 +338,76 @@ echo "gpufleet-mps-health: cannot write the metrics for node_exporter to $prom" 
 exit 1
 """
 
+# Where a resource of the host runs MPS v3 (MPS_V3_SERVER in its environment file) its daemon is asked with v3 words
+# (ask_v3): these replace their legacy lines in that host's script only; the others stay byte for byte.
+V3_REPLACEMENTS = (
+    ("""family() {  # a metric family""", """ask_v3() {  # an MPS v3 daemon (server $4): its namespace and client lists, read into what ask sets (two UI processes)
+  answered=0 complete=0 ratio=- servers=- clients=- unasked=- limits=-
+  answer=$(CUDA_MPS_PIPE_DIRECTORY="$1" timeout "$timeout_s" "$2" namespace list --server="$4" --format=csv,noheader 2>"$errors")
+  rc=$?
+  if [ "$rc" -ne 0 ]; then
+    # it answered, refusing (its server is gone: "not found"): not the answer wanted (bad_answer)
+    printf '%s\\n' "$answer" | grep -q "^Error" && rc=0
+    return 0
+  fi
+  line=$(printf '%s\\n' "$answer" | grep -m 1 "^default,$4,")
+  [ -n "$line" ] || return 0
+  answered=1
+  list=$(CUDA_MPS_PIPE_DIRECTORY="$1" timeout "$timeout_s" "$2" client list --server="$4" --format=csv,noheader 2>>"$errors")
+  rc=$?
+  [ "$rc" -eq 0 ] || return 0
+  clients=$(printf '%s\\n' "$list" | grep -c "^[0-9][0-9]*,$4,")
+  read -r ratio limits <<EOF
+$(printf '%s\\n' "$line" | awk -F, -v ordinals="$3" '{
+  pct = $5; mem = $4; ratio = (pct ~ /^[0-9]+([.][0-9]+)?$/) ? sprintf("%.4g", pct / 100) : (pct == "-" || pct == "" ? "1" : "-")
+  value = "-"
+  if (mem ~ /^[0-9]+[KMG]$/) value = sprintf("%.0f", (mem + 0) * (mem ~ /G$/ ? 1073741824 : mem ~ /M$/ ? 1048576 : 1024))
+  limits = ""
+  for (i = 1; i <= ordinals; i++) limits = limits (i > 1 ? "," : "") value
+  print ratio " " (limits == "" ? "-" : limits)
+}')
+EOF
+  servers=1 complete=1
+}
+
+family() {  # a metric family"""),
+    ("""  pipe='' control='' devices=''
+  while IFS= read -r line || [ -n "$line" ]; do
+    case $line in
+      CUDA_MPS_PIPE_DIRECTORY=*) pipe=${line#*=} ;;
+      MPS_CONTROL=*) control=${line#*=} ;;""",
+     """  pipe='' control='' devices='' server=''
+  while IFS= read -r line || [ -n "$line" ]; do
+    case $line in
+      CUDA_MPS_PIPE_DIRECTORY=*) pipe=${line#*=} ;;
+      MPS_CONTROL=*) control=${line#*=} ;;
+      MPS_V3_SERVER=*) server=${line#*=} ;;"""),
+    ("""  ask "$pipe" "$control" "$ordinals" "$candidates"
+  if [ "$rc" -eq 0 ] && [ "$complete" = 1 ] && [ "$unasked" != - ]; then""",
+     """  if [ -n "$server" ]; then
+    ask_v3 "$pipe" "$control" "$ordinals" "$server"
+  else
+    ask "$pipe" "$control" "$ordinals" "$candidates"
+  fi
+  if [ -z "$server" ] && [ "$rc" -eq 0 ] && [ "$complete" = 1 ] && [ "$unasked" != - ]; then"""),
+)
+
 
 def label_value(value: str) -> str:
     """``value`` as a label value of Prometheus' text exposition format: backslash, double quote and newline escaped."""
     return value.replace('\\', '\\\\').replace('"', '\\"').replace('\n', '\\n')
 
 
-def render_metrics_script(root: str, config_dir: str, wants: str, timeout: int, metrics_dir: str) -> str:
-    """The health check that also writes ``<metrics_dir>/gpufleet_mps.prom`` (arguments checked by the caller)."""
+def render_metrics_script(root: str, config_dir: str, wants: str, timeout: int, metrics_dir: str, *, v3: bool = False) -> str:
+    """The health check that also writes ``<metrics_dir>/gpufleet_mps.prom`` (arguments checked by the caller); ``v3``: a
+    resource of the host runs MPS v3 (:data:`V3_REPLACEMENTS`)."""
     script = (METRICS_SCRIPT_TEMPLATE.replace('@ROOT_LABEL@', label_value(root)).replace('@ROOT@', root)
               .replace('@CONFIG_DIR@', config_dir).replace('@WANTS_DIR@', wants).replace('@TIMEOUT@', str(int(timeout)))
               .replace('@METRICS_DIR@', metrics_dir).replace('@REASONS@', ' '.join(ERROR_REASONS)))
     for name, (_kind, _labels, text) in METRICS.items():
         script = script.replace('@HELP_%s@' % name, text)
+    for legacy, v3_text in V3_REPLACEMENTS if v3 else ():
+        if script.count(legacy) != 1:
+            raise MpsError('internal error: the metrics script has %d places for its MPS v3 part' % script.count(legacy))
+        script = script.replace(legacy, v3_text)
     return script

@@ -118,6 +118,9 @@ _WAIT = (
     'if [ "$$n" -ge {tries} ]; then echo "gpufleet-mps: the control daemon did not answer within {seconds} s" >&2; exit 1; fi; '
     'sleep 0.2; done; '
 )
+_LEGACY_WAIT_QUESTION = 'until echo get_default_active_thread_percentage | "$$MPS_CONTROL" > /dev/null 2>&1; do'
+_V3_WAIT_QUESTION = ('until "$$MPS_CONTROL" namespace list --server="$$MPS_V3_SERVER" --format=csv,noheader 2> /dev/null '
+                     '| grep -q "^default,$$MPS_V3_SERVER,"; do')
 FOREGROUND_DROPIN_TEMPLATE = """\
 # Managed by the gpufleet.mps Ansible collection (mps_daemon foreground=true). Local changes are overwritten.
 # The control daemon stays in the foreground (-f): what it logs goes to stdout, which systemd sends to the journal
@@ -167,10 +170,12 @@ def render_shm_dropin(shm_dir: str) -> str:
     return SHM_DROPIN_TEMPLATE.format(shm_dir=_unit_path(shm_dir, in_list=True))
 
 
-def render_foreground_dropin(start_timeout: int) -> str:
-    """The per-instance drop-in that keeps the daemon in the foreground, its log in the journal."""
+def render_foreground_dropin(start_timeout: int, *, v3: bool = False) -> str:
+    """The per-instance drop-in that keeps the daemon in the foreground, its log in the journal; ``v3``: an MPS v3
+    resource's, which waits until the daemon lists its server (MPS_V3_SERVER) - the legacy question is not a v3 word."""
     seconds = max(1, int(start_timeout))
-    return FOREGROUND_DROPIN_TEMPLATE.format(tries=seconds * 5, seconds=seconds)
+    text = FOREGROUND_DROPIN_TEMPLATE.format(tries=seconds * 5, seconds=seconds)
+    return text.replace(_LEGACY_WAIT_QUESTION, _V3_WAIT_QUESTION) if v3 else text
 
 
 def render_pidfile_dropin(pid_file: str) -> str:

@@ -130,6 +130,11 @@ def test_a_v3_daemon_is_healthy_while_it_lists_its_server(health):
     with open(os.environ['FAKE_NVML_CONFIG'], 'w', encoding='utf-8') as handle:
         handle.write(re.sub(r'(?m)^cuda_driver_version = .*$', 'cuda_driver_version = 13040', text))
     gpus = _uuids()
+    legacy_script = render_health(health.root, health.etc, health.units, interval=30, timeout=2, script=health.script)[health.script]
+    files = render_health(health.root, health.etc, health.units, interval=30, timeout=2, script=health.script, v3=True)
+    assert files[health.script] != legacy_script  # a host without a v3 resource keeps the script it had
+    with open(health.script, 'w', encoding='utf-8') as handle:
+        handle.write(files[health.script])
     health.start('train', gpus[0])
     pid = health.start('shared', gpus[1], v3_server='shared')
     result = health.run()

@@ -291,12 +291,14 @@ class Host:
         self.pids: t.List[int] = []
         self.extra_env: t.Dict[str, str] = {}
 
-    def render(self, timeout: int) -> None:
-        """Both scripts, with and without metrics, asking each daemon within ``timeout`` seconds."""
+    def render(self, timeout: int, v3: bool = False) -> None:
+        """Both scripts, with and without metrics, asking each daemon within ``timeout`` seconds (``v3``: as on a host with
+        an MPS v3 resource)."""
         self.timeout = timeout
         for path, metrics in ((self.script, self.metrics), (self.plain, None)):
             with open(path, 'w', encoding='utf-8') as handle:
-                handle.write(render_health(self.root, self.etc, self.units, timeout=timeout, script=path, metrics_dir=metrics)[path])
+                handle.write(render_health(self.root, self.etc, self.units, timeout=timeout, script=path, metrics_dir=metrics,
+                                           v3=v3)[path])
             os.chmod(path, 0o755)
 
     @property
@@ -817,3 +819,54 @@ def test_a_root_without_daemons_and_a_metrics_dir_that_cannot_be_written(fakes) 
     os.makedirs(fakes.metrics)
     fakes.run()
     assert fakes.ready and _errors(fakes.read()) == {'train': ''} and os.listdir(fakes.metrics) == [METRICS_FILE]
+
+
+def test_a_v3_daemon_is_asked_with_v3_words_and_reports_its_server(sim, sim_clients) -> None:
+    """A v3 resource (MPS_V3_SERVER in its environment file): its namespace and client lists, never the legacy batch
+    a v3 daemon refuses; its default namespace's limits as the default ones; gone from the lists is a bad answer (issue 43)."""
+    import re  # pylint: disable=import-outside-toplevel
+    from ansible_collections.gpufleet.mps.plugins.module_utils._v3.spec import NamespaceLimits, V3Spec
+    with open(os.environ['FAKE_NVML_CONFIG'], encoding='utf-8') as handle:
+        text = handle.read()
+    with open(os.environ['FAKE_NVML_CONFIG'], 'w', encoding='utf-8') as handle:
+        handle.write(re.sub(r'(?m)^cuda_driver_version = .*$', 'cuda_driver_version = 13040', text))
+    gpus = _uuids()
+    sim.render(10, v3=True)
+    sim.start('train', gpus[:1])
+    spec = V3Spec('shared', tuple(gpus[1:3]), os.geteuid(), False, NamespaceLimits(25.0, 2048), (('small', NamespaceLimits(10.0)),))
+    paths = resource_paths(sim.root, 'shared')
+    config = config_paths(sim.etc, 'shared')
+    for directory in (paths.pipe_dir, paths.log_dir):
+        os.makedirs(directory, exist_ok=True)
+    with open(config.v3_config, 'w', encoding='utf-8') as handle:
+        handle.write(spec.toml())
+    values = unit_environment(paths, config, list(spec.devices), multiuser=False, compute_mode='exclusive_process',
+                              control_binary=sim.binary, nvidia_smi=None, stop_timeout=10, log_mode=0o700, v3=spec)
+    with open(config.env_file, 'w', encoding='utf-8') as handle:
+        handle.write(render_env('shared', values))
+    os.symlink('/dev/null', os.path.join(sim.units, 'multi-user.target.wants', 'gpufleet-mps@shared.service'))
+    subprocess.run([sim.binary, '-d', '-p', '3', '-a', config.v3_config], env=daemon_env(paths, list(spec.devices)), check=True,
+                   capture_output=True)
+    for _attempt in range(200):
+        if inspect(paths).running:
+            break
+        time.sleep(0.05)
+    sim.pids.append(inspect(paths).pid)
+    sim_clients(os.path.join(paths.pipe_dir, 'shared', 'small'))
+    result = sim.run()
+    assert '2 daemon(s) healthy' in result.stdout and not result.stderr and sim.ready, result.stderr
+    families = sim.read()
+    assert _errors(families) == {'train': '', 'shared': ''}
+    assert _per_resource(families, 'gpufleet_mps_servers') == {'train': 0.0, 'shared': 1.0}
+    assert _per_resource(families, 'gpufleet_mps_clients') == {'train': 0.0, 'shared': 1.0}
+    assert _per_resource(families, 'gpufleet_mps_default_active_thread_ratio') == {'train': 1.0, 'shared': 0.25}
+    assert {labels: value for labels, value in series(families, 'gpufleet_mps_default_device_pinned_memory_limit_bytes').items()
+            if dict(labels)['resource'] == 'shared'} == {
+        lbl(root=sim.root, resource='shared', device='0', uuid=gpus[1]): 2 * 1024 ** 3,
+        lbl(root=sim.root, resource='shared', device='1', uuid=gpus[2]): 2 * 1024 ** 3}
+    # the server deleted under the daemon: it answers, without it - not healthy, a bad answer
+    subprocess.run([sim.binary, 'server', 'delete', 'shared', '--force'], env=dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=paths.pipe_dir),
+                   check=True, capture_output=True)
+    result = sim.run()
+    families = sim.read()
+    assert _errors(families) == {'train': '', 'shared': 'bad_answer'} and not sim.ready, result.stderr

@@ -313,6 +313,11 @@ def test_the_units_start_and_stop_speak_the_daemons_protocol(simhost, v3):
         listed = subprocess.run([binary, 'namespace', 'list', '--server=train', '--format=csv,noheader'], env=env,
                                 capture_output=True, text=True, timeout=30, check=False)
         assert (listed.returncode == 0 and 'small,train' in listed.stdout) is v3, listed.stdout
+        # the foreground drop-in's wait (Type=exec: ExecStartPost runs as soon as the process does) asks in its protocol
+        dropin = _systemd.render_foreground_dropin(2, v3=v3)
+        waited = subprocess.run(['/bin/sh', '-c', _unit_shell(dropin, 'ExecStartPost').replace('$$', '$')], env=env,
+                                capture_output=True, text=True, timeout=30, check=False)
+        assert waited.returncode == 0, waited.stderr
         stopped = subprocess.run(['/bin/sh', '-c', _unit_shell(unit, 'ExecStop')], env=env, capture_output=True, text=True,
                                  timeout=30, check=False)
         for _ in range(200):
