@@ -129,7 +129,7 @@ options:
           - V(legacy) manages the resource's daemon with the legacy control protocol, as always.
           - V(3) runs it with MPS v3 (driver r615, CUDA 13.4, and later) - C(-d -p 3 -a <config_dir>/<name>.mps.toml), the
             file rendered from this entry - with one named server (O(resources[].server)) on the resource's GPUs and
-            the namespaces of O(resources[].namespaces). Clients are given C(<pipe>/<server>) (RV(resources[].env)),
+            the namespaces of O(resources[].namespaces). Clients are given C(<pipe>/<server>) (C(env) of RV(resources)),
             never C(<pipe>) itself, whose main socket routes a client to an automatic C(uid_<uid>) server outside the
             resource's limits.
           - The resource's C(active_thread_percentage), C(pinned_device_mem_limit) (one size for all its GPUs) and
@@ -163,7 +163,7 @@ options:
       namespaces:
         description:
           - With O(resources[].protocol=3), the server's namespaces - groups of its clients with limits of their own,
-            each reached through its own socket directory, C(<pipe>/<server>/<name>) (RV(resources[].v3)).
+            each reached through its own socket directory, C(<pipe>/<server>/<name>) (C(v3) of RV(resources)).
           - A namespace's limits are its own - neither inherited from the server nor capped by it, and a namespace without
             limits would get the whole GPU - so each is written with the resource's limits where it gives none.
           - Changes go live without a restart (C(namespace create), C(namespace set), C(namespace delete)); a namespace

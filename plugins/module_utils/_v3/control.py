@@ -21,21 +21,24 @@ def _not_found(text: str, server: str) -> bool:
     return 'not found' in text.lower() and server in text
 
 
+def _refused(client: t.Any, words: t.Sequence[str], rc: int, text: str) -> ControlCommandError:
+    return ControlCommandError('the MPS v3 daemon on %s refused %s: %s' % (client.pipe_dir, ' '.join(words), text or 'status %d' % rc),
+                               rc=rc, stdout=text)
+
+
 def read_v3(client: t.Any, server: str) -> V3Readout:
     """The resource's server as the daemon lists it (two UI processes)."""
     rc, text = client.argv(namespace_list(server))
     if rc != 0:
         if _not_found(text, server):
             return V3Readout(server, found=False)
-        raise ControlCommandError('the MPS v3 daemon on %s refused %s: %s' % (client.pipe_dir, ' '.join(namespace_list(server)),
-                                                                            text or 'status %d' % rc), rc=rc, stdout=text)
+        raise _refused(client, namespace_list(server), rc, text)
     status, namespaces, unreadable = parse_namespaces(server, text)
     if not namespaces:
         return V3Readout(server, found=False)
     rc, text = client.argv(client_list(server))
     if rc != 0:
-        raise ControlCommandError('the MPS v3 daemon on %s refused %s: %s' % (client.pipe_dir, ' '.join(client_list(server)),
-                                                                            text or 'status %d' % rc), rc=rc, stdout=text)
+        raise _refused(client, client_list(server), rc, text)
     return V3Readout(server, found=True, status=status, namespaces=namespaces, unreadable=unreadable,
                      clients=parse_clients(server, text))
 

@@ -109,4 +109,3 @@ def v3_spec(resource: t.Mapping[str, t.Any], entry: t.Any, where: str, pipe_dir:
                                         'or a shorter root' % (longest, len(longest.encode('utf-8')), MAX_PIPE_DIR_BYTES,
                                                                PIPE_DIR_WHY))
     return spec
-

@@ -63,8 +63,11 @@ def _file(run: V3Run, view: t.Any, out: V3Outcome) -> None:
     current = view.text(config.v3_config, 'the MPS v3 configuration of %s' % run.name)
     if current == text:
         return
-    change = out.act('write %s' % config.v3_config, lambda: (ensure_dir(config.config_dir, 0o755),
-                                                               atomic_write(config.v3_config, text, 0o644)),
+    def write() -> None:
+        ensure_dir(config.config_dir, 0o755)
+        atomic_write(config.v3_config, text, 0o644)
+
+    change = out.act('write %s' % config.v3_config, write,
                      reason='its daemon applies it at every start (-a)' if current is None else 'the resource\'s entry changed')
     change.undo = restorer(config.v3_config, (current, view.mode(config.v3_config)))
 

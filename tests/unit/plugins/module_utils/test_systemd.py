@@ -320,7 +320,7 @@ def test_the_units_start_and_stop_speak_the_daemons_protocol(simhost, v3):
         assert waited.returncode == 0, waited.stderr
         stopped = subprocess.run(['/bin/sh', '-c', _unit_shell(unit, 'ExecStop')], env=env, capture_output=True, text=True,
                                  timeout=30, check=False)
-        for _ in range(200):
+        for _attempt in range(200):
             if not os.path.exists('/proc/%d' % pid) or open('/proc/%d/stat' % pid, encoding='utf-8').read().split(') ')[1][0] == 'Z':
                 break
             subprocess.run(['sleep', '0.05'], check=False)

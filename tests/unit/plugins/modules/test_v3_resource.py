@@ -73,11 +73,11 @@ def test_a_v3_resource_end_to_end(host):
     assert res['protocol'] == '3' and [ns['name'] for ns in res['v3']['namespaces']] == ['small', 'big']
     assert namespaces(host) == {'default': ['-', '50.00', '-'], 'small': ['2G', '20.00', '-'], 'big': ['-', '80.00', '-']}
     # the published environment lands in the named server; each namespace's client gets its limits
-    _, default = client_at(host, server_dir)
+    default = client_at(host, server_dir)[1]
     assert (default['server'], default['namespace'], default['active_thread_percentage']) == ('train', 'default', 50.0)
     small_proc, small = client_at(host, os.path.join(server_dir, 'small'))
     assert small['active_thread_percentage'] == 20.0 and set(small['pinned_mem_limit_mib'].values()) == {2048}
-    _, big = client_at(host, os.path.join(server_dir, 'big'))
+    big = client_at(host, os.path.join(server_dir, 'big'))[1]
     assert big['active_thread_percentage'] == 80.0
     pid = list(host.daemons())[0]
     again = twice(host, [entry()])
@@ -97,7 +97,7 @@ def test_a_v3_resource_end_to_end(host):
     result = twice(host, [changed])
     assert result['changed'] and list(host.daemons()) == [pid], result['actions']
     assert namespaces(host)['big'] == ['-', '60.00', '-'] and small_proc.poll() is None
-    _, big = client_at(host, os.path.join(server_dir, 'big'))
+    big = client_at(host, os.path.join(server_dir, 'big'))[1]
     assert big['active_thread_percentage'] == 60.0
     with open(os.path.join(host.etc, 'train.mps.toml'), encoding='utf-8') as handle:
         assert 'active_thread_percentage = "60"' in handle.read()  # MPS keeps no CLI change: the file holds it
