@@ -147,7 +147,8 @@ class Collector:
         try:
             try:
                 readout = read_daemon(view, paths.name, client.batch, ordinals, seen.liveness.pid, partitions=static,
-                                      servers='servers' in self.request.gather, client=client)
+                                      servers='servers' in self.request.gather, client=client,
+                                      config=config_paths(self.request.config_dir, paths.name))
             finally:
                 self.ui_processes += client.processes
         except DaemonTimeoutError:

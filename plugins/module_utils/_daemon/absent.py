@@ -32,7 +32,7 @@ class Absent:
         unit = self.unit
         return [
             run.config.env_file, run.config.limits_file, run.config.limits_json, run.config.limits_env, run.config.v3_config,
-            unit.dropin_path, unit.foreground_dropin_path, unit.pidfile_dropin_path, unit.order_dropin_path,
+            unit.dropin_path, unit.foreground_dropin_path, unit.pidfile_dropin_path, unit.order_dropin_path, unit.v3_dropin_path,
             os.path.dirname(unit.dropin_path), run.paths.started_file,
         ] + [os.path.join(run.paths.pipe_dir, name) for name in PIPE_DIR_FILES + (LOCK_FILE,)] + [
             run.paths.pipe_dir,

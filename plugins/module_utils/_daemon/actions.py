@@ -142,8 +142,7 @@ class DaemonActions:
         run.planned.unit_stop = run.planned.unit_stop or by_systemd
         # A daemon started with protocol 3 takes -q, not the legacy quit (the record says so, else its own process).
         v3 = (record is not None and record.protocol == 3) or run.view.protocols.get(state.pid) == 3
-        # The directories a v3 daemon made for its server in the pipe directory (sockets, the log FIFO) [ref 1.9]
-        server_dir = os.path.join(run.paths.pipe_dir, record.server) if v3 and record is not None and record.server else ''
+        server_dir = self._server_dir(record) if v3 else ''
 
         def stop() -> None:
             if by_systemd:
@@ -153,8 +152,7 @@ class DaemonActions:
             # Whether a clean quit removes the pipe-dir files is undocumented; remove what is left so a
             # stopped daemon never looks like a crashed one.
             run.daemon.clean_stale()
-            if server_dir and os.path.isdir(server_dir) and not os.path.islink(server_dir):
-                shutil.rmtree(server_dir, ignore_errors=True)
+            _remove_tree(server_dir)
 
         out.act('stop the MPS control daemon (pid %s)' % state.pid, stop, ends_clients=run.planned.ends_clients)
         # What the stop removes, later steps (state=absent) must not list a second time.
@@ -175,7 +173,27 @@ class DaemonActions:
             out.act('remove %s' % started, lambda: remove(started))
             run.planned.would_remove.append(started)
 
-    def clean_stale(self, out: Outcome) -> None:
+    def _server_dir(self, record: t.Optional[StartRecord]) -> str:
+        """The directory a v3 daemon made for the resource's server in the pipe directory (its sockets, namespaces and log
+        FIFO [ref 1.9]): the record's server, else the listed entry's; '' for a legacy daemon."""
         run = self.run
-        out.act('remove stale files of a dead daemon', run.daemon.clean_stale)
-        run.planned.would_remove += [os.path.join(run.paths.pipe_dir, name) for name in PIPE_DIR_FILES]
+        server = record.server if record is not None and record.protocol == 3 else (run.daemon.v3_server if record is None else '')
+        return os.path.join(run.paths.pipe_dir, server) if server else ''
+
+    def clean_stale(self, out: Outcome, record: t.Optional[StartRecord] = None) -> None:
+        run = self.run
+        server_dir = self._server_dir(record)
+
+        def clean() -> None:
+            run.daemon.clean_stale()
+            _remove_tree(server_dir)
+
+        out.act('remove stale files of a dead daemon', clean)
+        run.planned.would_remove += [os.path.join(run.paths.pipe_dir, name) for name in PIPE_DIR_FILES] + (
+            [server_dir] if server_dir else [])
+
+
+def _remove_tree(path: str) -> None:
+    """A v3 server's directory under the pipe directory, gone (never through a symbolic link)."""
+    if path and os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)

@@ -211,7 +211,7 @@ class DaemonManager:
         elif current.stale:
             out.warnings.append('the MPS control daemon for %s was not running but left files behind (%s); cleaned up' % (
                 run.paths.name, ', '.join(current.leftovers)))
-            self.actions.clean_stale(out)
+            self.actions.clean_stale(out, record)
             self.actions.release(record, out)
         if run.supervisor == 'systemd' and run.systemctl is not None:
             self.unit_files.stop_unit(out)
@@ -277,7 +277,7 @@ class DaemonManager:
             return
         if action == 'recover':
             out.warnings.append('recovered the MPS control daemon for %s: %s' % (run.paths.name, why))
-            actions.clean_stale(out)
+            actions.clean_stale(out, record)
         actions.start(wanted, out, restart=False)
 
     def _split_restart(self, wanted: Wanted, current: Liveness, record: t.Optional[StartRecord], why: str,

@@ -54,7 +54,7 @@ def probe(run: DaemonRun, view: t.Any, state: str, *, shm: bool, ordinals: t.Opt
         read_units(view, run.systemctl, [run.unit])
     running = seen.liveness.running and seen.liveness.pid
     if running and ordinals is not None and paths.name not in view.readouts and paths.name not in view.v3:
-        read_daemon(view, paths.name, daemon.query, ordinals, seen.liveness.pid, client=daemon.client)
+        read_daemon(view, paths.name, daemon.query, ordinals, seen.liveness.pid, client=daemon.client, config=run.config)
         daemon.answered = True
     if running:
         read_process(view, seen.liveness.pid, paths.shm_dir, record_known=seen.problem is None and seen.record is not None)

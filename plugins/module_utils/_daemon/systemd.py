@@ -16,6 +16,8 @@ from .._supervisor.unit import (
     PIDFILE_DROPIN,
     SHM_DROPIN,
     UNIT_NAME,
+    V3_DROPIN,
+    V3_DROPIN_TEMPLATE,
     render_env,
     render_foreground_dropin,
     render_order_dropin,
@@ -38,10 +40,12 @@ class UnitFiles:
         self.foreground_dropin_path = os.path.join(unit_d, FOREGROUND_DROPIN)
         self.order_dropin_path = os.path.join(unit_d, ORDER_DROPIN)
         self.pidfile_dropin_path = os.path.join(unit_d, PIDFILE_DROPIN)
+        self.v3_dropin_path = os.path.join(unit_d, V3_DROPIN)
 
     def paths(self) -> t.List[str]:
         """The unit files a plan compares (the environment file aside): a host plan observes them first."""
-        return [self.template_path, self.dropin_path, self.foreground_dropin_path, self.pidfile_dropin_path, self.order_dropin_path]
+        return [self.template_path, self.dropin_path, self.foreground_dropin_path, self.pidfile_dropin_path, self.order_dropin_path,
+                self.v3_dropin_path]
 
     def env_values(self, wanted: Wanted) -> t.Dict[str, str]:
         run = self.run
@@ -63,6 +67,7 @@ class UnitFiles:
             self.pidfile_dropin_path: (None if wanted.foreground else
                                        render_pidfile_dropin(os.path.join(run.paths.pipe_dir, PID_FILE))),
             self.order_dropin_path: render_order_dropin(run.unit_before, run.unit_after),
+            self.v3_dropin_path: V3_DROPIN_TEMPLATE if wanted.v3 is not None else None,
         }
 
     def start(self, wanted: Wanted, out: Outcome, *, restart: bool) -> None:

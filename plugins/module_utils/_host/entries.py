@@ -155,10 +155,12 @@ def resolve_entries(resources: t.Any, gpus: t.Sequence[Gpu], param: str = 'resou
                               oversubscribe=boolean(resource, 'oversubscribe', where), client_priority=resource.get('client_priority'),
                               sm_partitions=resource.get('sm_partitions'))
         _check_limits(entry, where, gpus)
-        if str(resource.get('protocol') or 'legacy') != 'legacy' or any(resource.get(key) is not None for key in V3_KEYS):
+        if _asks_v3(resource):
             # Imported here: a legacy fleet never compiles the v3 code (AnsiballZ compiles what is imported).
-            from .._v3.entry import v3_spec  # pylint: disable=import-outside-toplevel
-            entry.v3 = v3_spec(resource, entry, where, '%s/%s/pipe' % (root.rstrip('/'), name) if root else '', servers)
+            from .._v3.entry import check_protocol, is_v3, v3_spec  # pylint: disable=import-outside-toplevel
+            check_protocol(resource, where, multiuser=entry.multiuser)
+            if is_v3(resource):
+                entry.v3 = v3_spec(resource, entry, where, '%s/%s/pipe' % (root.rstrip('/'), name) if root else '', servers)
         if warnings is not None:
             share = entry.limits.get('active_thread_percentage')
             if share is None and replicas:
@@ -171,6 +173,11 @@ def resolve_entries(resources: t.Any, gpus: t.Sequence[Gpu], param: str = 'resou
 
 # The keys of an MPS v3 entry (protocol: 3), beside the protocol itself.
 V3_KEYS = ('server', 'uid', 'namespaces')
+
+
+def _asks_v3(resource: t.Mapping[str, t.Any]) -> bool:
+    """The entry says something of MPS v3: a protocol other than legacy, or a v3 key given (an empty list is not)."""
+    return str(resource.get('protocol') or 'legacy') != 'legacy' or any(resource.get(key) not in (None, []) for key in V3_KEYS)
 # The most MPS clients any GPU takes (48 from Volta on, 60 with drivers 590 and later): a replica count above it is
 # wrong on every host, GPU facts or not.
 MAX_CLIENTS = 60
@@ -205,7 +212,7 @@ def check_resources(resources: t.Any, param: str = 'resources') -> None:
         where = '%s[%s]' % (param, name)
         multiuser(resource, where)
         boolean(resource, 'oversubscribe', where)
-        if str(resource.get('protocol') or 'legacy') != 'legacy' or any(resource.get(key) is not None for key in V3_KEYS):
+        if _asks_v3(resource):
             from .._v3.entry import check_protocol  # pylint: disable=import-outside-toplevel
             check_protocol(resource, where, multiuser=multiuser(resource, where))
         if resource.get('client_priority') is not None:

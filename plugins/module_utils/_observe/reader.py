@@ -146,7 +146,8 @@ def _resource_view(view: HostView, paths: ResourcePaths, locks: t.Optional[t.Lis
 
 # --- probes: what only some runs need, read before the view is sealed ---------------------------------------------
 def read_daemon(view: HostView, name: str, query: t.Callable[[t.List[str]], t.Any], ordinals: int, pid: int, *,
-                partitions: bool = False, servers: bool = True, client: t.Optional[t.Any] = None) -> t.Any:
+                partitions: bool = False, servers: bool = True, client: t.Optional[t.Any] = None,
+                config: t.Optional[t.Any] = None, server: str = '') -> t.Any:
     """A running daemon of resource ``name`` in one control batch: its defaults for ``ordinals`` devices, its servers with
     their limits and clients (``servers``: every child asked about; else the server list alone), its SM partitions
     where ``partitions``.
@@ -156,13 +157,20 @@ def read_daemon(view: HostView, name: str, query: t.Callable[[t.List[str]], t.An
     this one function before it decides anything - unless its start record says this collection started it with protocol
     3 (a v3 resource): then it is read with v3 words through ``client`` (its server's lists, _v3.control.read_v3), and a
     caller that has no ``client`` (a module that manages no v3 resource) is refused. A record that says protocol 3 over a
-    daemon started with the legacy protocol is refused the same way."""
+    daemon started with the legacy protocol is refused the same way. Without a start record (``/run`` lost it at a boot
+    while systemd started the daemon again; a start that failed after the daemon came up) a daemon started with protocol 3
+    is the resource's own v3 daemon where ``server`` (the listed entry's) or the environment file this collection wrote
+    for it (``config``: MPS_V3_SERVER) names its server."""
     if pid not in view.protocols:
         view.protocols[pid] = started_protocol(pid)
     seen = view.resources.get(name)
     record = seen.record if seen is not None else None
     if record is not None and record.protocol == 3:
-        return _read_v3(view, name, pid, record, client)
+        return _read_v3(view, name, pid, record.server, client)
+    if record is None and view.protocols[pid] == 3:
+        server = server or _env_server(view, config)
+        if server:
+            return _read_v3(view, name, pid, server, client)
     if view.protocols[pid] == 3:
         raise DaemonProtocolError(
             'the MPS control daemon of %s (pid %d) was started with MPS protocol 3 (MPS v3: -p 3 or CUDA_MPS_PROTOCOL_VERSION=3), '
@@ -175,22 +183,33 @@ def read_daemon(view: HostView, name: str, query: t.Callable[[t.List[str]], t.An
     return readout
 
 
-def _read_v3(view: HostView, name: str, pid: int, record: t.Any, client: t.Optional[t.Any]) -> t.Any:
+def _env_server(view: HostView, config: t.Optional[t.Any]) -> str:
+    """The v3 server the resource's environment file (supervisor=systemd) names; '' where it names none or was not read."""
+    if config is None:
+        return ''
+    from .._supervisor.unit import parse_env  # pylint: disable=import-outside-toplevel
+    try:
+        return parse_env(view.text(config.env_file) or '').get('MPS_V3_SERVER', '')
+    except (MpsError, KeyError):
+        return ''
+
+
+def _read_v3(view: HostView, name: str, pid: int, server: t.Optional[str], client: t.Optional[t.Any]) -> t.Any:
     if view.protocols[pid] == 2:
         raise DaemonProtocolError(
             'the start record of %s says its daemon runs MPS v3 (server %s), but the daemon running there (pid %d) was started '
             'with the legacy protocol: it was neither asked nor changed. Stop it by whatever started it, then run '
-            'again' % (name, record.server, pid), resource=name, pid=pid, protocol=2)
-    if client is None or not record.server:
+            'again' % (name, server, pid), resource=name, pid=pid, protocol=2)
+    if client is None or not server:
         raise DaemonProtocolError(
             'the MPS control daemon of %s (pid %d) runs MPS v3 (server %s), which this module does not manage: manage the '
-            'resource with gpufleet.mps.mps_host (protocol: 3 in its entry)' % (name, pid, record.server),
+            'resource with gpufleet.mps.mps_host (protocol: 3 in its entry)' % (name, pid, server),
             resource=name, pid=pid, protocol=3)
     from .._proc import process_uid  # pylint: disable=import-outside-toplevel
     from .._v3.control import read_v3  # pylint: disable=import-outside-toplevel
-    readout = read_v3(client, record.server)
+    readout = read_v3(client, server)
     view.v3[name] = (pid, readout)
-    view.clients[name] = (pid, [{'pid': found, 'uid': process_uid(found), 'server': record.server, 'namespace': namespace}
+    view.clients[name] = (pid, [{'pid': found, 'uid': process_uid(found), 'server': server, 'namespace': namespace}
                                 for found, namespace in readout.clients])
     return readout
 

@@ -84,7 +84,7 @@ ExecStartPre=/bin/sh -c 'mkdir -p -m "$${{MPS_LOG_MODE:-0700}}" "$$CUDA_MPS_LOG_
 ExecStartPre=/bin/sh -c 'if [ -n "$$MPS_COMPUTE_MODE" ]; then exec "$$MPS_NVIDIA_SMI" -i "$$CUDA_VISIBLE_DEVICES" -c "$$MPS_COMPUTE_MODE"; fi'
 ExecStart=/bin/sh -c 'exec "$$MPS_CONTROL" -d $$MPS_DAEMON_ARGS $$MPS_STATIC_ARGS'
 ExecStartPost=/bin/sh -c '""" + _REPLAY + """'
-ExecStop=-/bin/sh -c 'if [ -n "$$MPS_QUIT_ARGS" ]; then exec "$$MPS_CONTROL" $$MPS_QUIT_ARGS; fi; echo "{quit} -t $$MPS_STOP_TIMEOUT" | "$$MPS_CONTROL"'
+ExecStop=-/bin/sh -c 'echo "{quit} -t $$MPS_STOP_TIMEOUT" | "$$MPS_CONTROL"'
 ExecStopPost=/bin/sh -c 'if [ -n "$$MPS_COMPUTE_MODE" ]; then "$$MPS_NVIDIA_SMI" -i "$$CUDA_VISIBLE_DEVICES" -c DEFAULT > /dev/null; fi'
 Restart=on-failure
 RestartSec=2s
@@ -133,6 +133,18 @@ ExecStartPost=
 ExecStartPost=/bin/sh -c '""" + _WAIT + _REPLAY + """'
 """
 
+
+V3_DROPIN = 'gpufleet-v3.conf'
+# quit is a legacy word: a daemon started with -p 3 stops with -q ("Quit and stop the control daemon and all running
+# servers" [mps-v3-reference 1.2]); whether -q waits for clients as quit -t does is unknown. A drop-in of the v3 resources
+# only: the template, which every resource shares, stays as legacy hosts have it.
+V3_DROPIN_TEMPLATE = """\
+# Managed by the gpufleet.mps Ansible collection (mps_host, a resource with protocol: 3). Local changes are overwritten.
+# The daemon runs MPS v3 (started with -p 3 -a <its file>, MPS_DAEMON_ARGS): it is stopped with -q, not with quit.
+[Service]
+ExecStop=
+ExecStop=-/bin/sh -c 'exec "$$MPS_CONTROL" -q'
+"""
 
 ORDER_DROPIN = 'gpufleet-order.conf'
 ORDER_DROPIN_TEMPLATE = """\
@@ -246,8 +258,8 @@ def unit_environment(paths: ResourcePaths, config: ConfigPaths, uuids: t.Sequenc
     """The instance's environment file: the contract between this collection and the unit template above.
 
     ``v3``: a v3 resource's record (_v3.spec.V3Spec): the daemon starts with ``-p 3 -a <its file>`` (``-m`` for
-    multi-user), stops with ``-q`` (MPS_QUIT_ARGS: ``quit`` is a legacy word), and the health check asks its server
-    (MPS_V3_SERVER); none of these is in a legacy resource's file."""
+    multi-user), and the health check asks its server (MPS_V3_SERVER); neither is in a legacy resource's file (its
+    stop, ``-q``, is :data:`V3_DROPIN`'s)."""
     values = dict(paths.client_env())
     values.update({
         'CUDA_VISIBLE_DEVICES': ','.join(uuids),
@@ -268,7 +280,6 @@ def unit_environment(paths: ResourcePaths, config: ConfigPaths, uuids: t.Sequenc
             raise InvalidParameterError('config_dir', '%s holds white space: the unit passes the MPS v3 file %s to the daemon '
                                         'as one word' % (config.config_dir, config.v3_config))
         values['MPS_DAEMON_ARGS'] = '-p 3 -a %s%s' % (config.v3_config, ' -m' if multiuser else '')
-        values['MPS_QUIT_ARGS'] = '-q'
         values['MPS_V3_SERVER'] = v3.server
     return values
 

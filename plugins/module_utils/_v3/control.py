@@ -14,7 +14,9 @@ import typing as t
 from .._errors import ControlCommandError, DaemonNotRunningError, DaemonTimeoutError, MpsError
 from .readout import V3Readout, client_list, namespace_list, parse_clients, parse_namespaces
 
-QUIT = ['-q']  # "Quit and stop the control daemon and all running servers" [ref 1.2]; r580's -q is something else
+QUIT = ['-q']
+# How long a daemon that answers may go on not listing the resource's server before its start is failed.
+SERVER_GRACE = 2.0  # "Quit and stop the control daemon and all running servers" [ref 1.2]; r580's -q is something else
 
 
 def _not_found(text: str, server: str) -> bool:
@@ -55,20 +57,25 @@ def wait_server(client: t.Any, server: str, timeout: float, sleep: t.Callable[[f
     """Poll with backoff until the daemon lists ``server``; a daemon that answers without it applied its file without it."""
     deadline = time.monotonic() + timeout
     delay = 0.01
+    missing_since: t.Optional[float] = None
     while True:
         try:
             seen = read_v3(client, server)
         except DaemonNotRunningError:
             seen = None
-        if seen is not None and seen.found:
-            return seen
+        if seen is not None and seen.found and seen.status.lower() in ('ready', ''):
+            return seen  # "Ready" as the documented list shows a running server [ref 1.3]; the health check asks the same
         if seen is not None and not seen.found:
+            # whether -d returns before the file is applied is unknown [U]: a short grace, not the whole timeout
+            missing_since = time.monotonic() if missing_since is None else missing_since
+        if missing_since is not None and time.monotonic() - missing_since > SERVER_GRACE:
             raise MpsError('the MPS v3 control daemon on %s answers, but its server %s is not in its lists: its -a file was '
                            'refused or the server exited (a GPU the host lacks?) - it was left running; see %s' % (
                                client.pipe_dir, server, see_log))
         if time.monotonic() + delay > deadline:
-            raise DaemonTimeoutError('the MPS v3 control daemon on %s did not start answering within %ss (see %s)' % (
-                client.pipe_dir, timeout, see_log))
+            raise DaemonTimeoutError('the MPS v3 control daemon on %s did not start answering within %ss%s (see %s)' % (
+                client.pipe_dir, timeout, '' if seen is None else ': its server %s is %s, not Ready' % (server, seen.status or 'listed'),
+                see_log))
         sleep(delay)
         delay = min(delay * 2, 0.25)
 

@@ -66,11 +66,21 @@ def _same(want: t.Optional[float], have: t.Optional[float]) -> bool:
     return abs(float(want) - float(have)) < _PCT_TOLERANCE
 
 
+def _plain(limits: NamespaceLimits) -> NamespaceLimits:
+    """What the limits mean: a thread percentage of 100, a pinned limit of 0 and priority 0 (normal) are no limit - how an
+    unset one is printed is not documented [U], so either form reads the same."""
+    pct = limits.active_thread_percentage
+    return NamespaceLimits(None if pct is not None and abs(pct - 100.0) < _PCT_TOLERANCE else pct, limits.pinned_mib or None,
+                           limits.client_priority or None)
+
+
 def compare(want: NamespaceLimits, have: NamespaceLimits, *, unreadable: bool = False) -> str:
     """'' (as wanted), ``set`` (each limit it has is wanted: set the wanted ones) or ``unset`` (it has a limit no longer
-    wanted, or limits that could not be read)."""
+    wanted). Limits the list printed in a form not understood are set again (``set``; nothing where none is wanted):
+    never a restart or a namespace made anew for a form of printing."""
+    want, have = _plain(want), _plain(have)
     if unreadable:
-        return 'unset'
+        return 'set' if not want.empty else ''
     equal = (_same(want.active_thread_percentage, have.active_thread_percentage) and want.pinned_mib == have.pinned_mib
              and want.client_priority == have.client_priority)
     if equal:

@@ -85,7 +85,6 @@ def _one_size(limits: t.Any, devices: t.Sequence[t.Any], param: str) -> t.Option
 
 def v3_spec(resource: t.Mapping[str, t.Any], entry: t.Any, where: str, pipe_dir: str, taken: t.Dict[str, str]) -> V3Spec:
     """The record of a checked ``protocol: 3`` entry (``entry``: its resolved ResourceEntry; ``taken``: server names so far)."""
-    check_protocol(resource, where, multiuser=entry.multiuser)
     mig = [gpu for gpu in entry.devices if gpu.is_mig]
     if mig:
         raise InvalidParameterError(where + '.devices', '%s is a MIG device: how MPS v3 servers map onto MIG instances is not '
@@ -100,6 +99,13 @@ def v3_spec(resource: t.Mapping[str, t.Any], entry: t.Any, where: str, pipe_dir:
                               wanted.client_priority)
     namespaces = namespace_entries(resource.get('namespaces'), where + '.namespaces',
                                    lambda item, param: _limits(item, param, entry.devices), default)
+    for name, limits in (('', default),) + namespaces:
+        pct = limits.active_thread_percentage
+        if pct is not None and pct < 1:
+            # "ATP 1-100" [ref 1.3]: the daemon refuses less in its file and on the command line
+            raise InvalidParameterError(where + ('.namespaces[%s].active_thread_percentage' % name if name else
+                                                 '.active_thread_percentage'), 'is %g: MPS v3 takes a thread percentage from 1 '
+                                        'to 100' % pct)
     spec = V3Spec(server, tuple(gpu.uuid for gpu in entry.devices), resource.get('uid'), entry.multiuser, default, namespaces)
     for name in ([''] + [name for name, _limits_ in namespaces]) if pipe_dir else []:
         longest = spec.pipe_dir(pipe_dir, name)

@@ -20,6 +20,8 @@ from .spec import NamespaceLimits
 LIST_FORMAT = '--format=csv,noheader'
 _MEM = re.compile(r'\s*(\d+)\s*([KMGT]?)i?B?\s*\Z', re.IGNORECASE)
 _UNSET = ('', '-', 'none', 'n/a', 'unset')
+# A priority printed as a word [U]: the CLI takes 0 (normal) and 1 (below normal) [ref 1.2]
+_PRIORITY_WORDS = {'normal': 0, 'below_normal': 1, 'below normal': 1}
 
 
 def namespace_list(server: str) -> t.List[str]:
@@ -84,7 +86,8 @@ def parse_namespaces(server: str, text: str) -> t.Tuple[str, t.Dict[str, Namespa
         status = status or row[2]
         mem, ok_mem = parse_mem(row[3])
         pct, ok_pct = parse_number(row[4], float)
-        priority, ok_priority = parse_number(row[5], int)
+        word = row[5].strip().lower()
+        priority, ok_priority = (_PRIORITY_WORDS[word], True) if word in _PRIORITY_WORDS else parse_number(row[5], int)
         found[row[0]] = NamespaceLimits(pct, mem, priority)
         if not (ok_mem and ok_pct and ok_priority):
             unreadable.append(row[0])

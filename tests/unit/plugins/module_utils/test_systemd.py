@@ -21,9 +21,7 @@ def test_unit_reads_the_instance_environment_and_replays_limits_after_start():
     assert 'Type=forking' in unit
     assert 'Restart=on-failure' in unit
     # quit's UI exit status is undocumented: systemd judges the stop by the daemon's exit ("-" ignores the status)
-    # (a v3 daemon, whose environment file sets MPS_QUIT_ARGS=-q, is stopped with -q: quit is a legacy word)
-    assert ("ExecStop=-/bin/sh -c 'if [ -n \"$$MPS_QUIT_ARGS\" ]; then exec \"$$MPS_CONTROL\" $$MPS_QUIT_ARGS; fi; "
-            "echo \"quit -t $$MPS_STOP_TIMEOUT\" | \"$$MPS_CONTROL\"'") in unit
+    assert "ExecStop=-/bin/sh -c 'echo \"quit -t $$MPS_STOP_TIMEOUT\" | \"$$MPS_CONTROL\"'" in unit
     assert 'ExecStartPost=' in unit and '$$MPS_LIMITS_FILE' in unit
     # systemd kills only after quit -t had its chance
     assert 'TimeoutStopSec=30' in unit
@@ -49,7 +47,7 @@ def test_the_pidfile_dropin_names_the_daemons_pid_file_and_refuses_what_a_unit_f
         _systemd.render_shm_dropin('/a b/shm')  # BindPaths= is a space-separated list
 
 
-@pytest.mark.parametrize('with_pidfile', [False, True, 'a b%', 'foreground', 'order'])
+@pytest.mark.parametrize('with_pidfile', [False, True, 'a b%', 'foreground', 'order', 'v3'])
 @pytest.mark.skipif(shutil.which('systemd-analyze') is None, reason='systemd-analyze not installed')
 def test_rendered_unit_passes_systemd_analyze_verify_without_any_message(tmp_path, with_pidfile):
     config_dir = tmp_path / 'etc'
@@ -63,10 +61,12 @@ def test_rendered_unit_passes_systemd_analyze_verify_without_any_message(tmp_pat
     unit_dir.mkdir()
     (unit_dir / _systemd.UNIT_NAME).write_text(_systemd.render_unit(str(config_dir), 30, 30))
     os.symlink(_systemd.UNIT_NAME, unit_dir / 'gpufleet-mps@train.service')
-    if with_pidfile == 'foreground':
+    if with_pidfile in ('foreground', 'v3'):
         dropin_dir = unit_dir / 'gpufleet-mps@train.service.d'
         dropin_dir.mkdir()
-        (dropin_dir / _systemd.FOREGROUND_DROPIN).write_text(_systemd.render_foreground_dropin(30))
+        (dropin_dir / _systemd.FOREGROUND_DROPIN).write_text(_systemd.render_foreground_dropin(30, v3=with_pidfile == 'v3'))
+        if with_pidfile == 'v3':  # an MPS v3 resource's: in the foreground, stopped with -q
+            (dropin_dir / _systemd.V3_DROPIN).write_text(_systemd.V3_DROPIN_TEMPLATE)
     elif with_pidfile == 'order':
         dropin_dir = unit_dir / 'gpufleet-mps@train.service.d'
         dropin_dir.mkdir()
@@ -298,7 +298,7 @@ def test_the_units_start_and_stop_speak_the_daemons_protocol(simhost, v3):
             handle.write(spec.toml())
     values = _systemd.unit_environment(paths, config, [uuid], multiuser=False, compute_mode='unchanged', control_binary=binary,
                                        nvidia_smi=None, stop_timeout=5, log_mode=0o700, v3=spec)
-    assert ('MPS_QUIT_ARGS' in values) is v3 and ('-p 3 -a %s' % config.v3_config in values['MPS_DAEMON_ARGS']) is v3
+    assert ('MPS_V3_SERVER' in values) is v3 and ('-p 3 -a %s' % config.v3_config in values['MPS_DAEMON_ARGS']) is v3
     env = {key: value for key, value in os.environ.items() if not key.startswith('CUDA_MPS_')}
     env.update(values, MPS_STATIC_ARGS='')
     os.makedirs(paths.pipe_dir)
@@ -318,7 +318,9 @@ def test_the_units_start_and_stop_speak_the_daemons_protocol(simhost, v3):
         waited = subprocess.run(['/bin/sh', '-c', _unit_shell(dropin, 'ExecStartPost').replace('$$', '$')], env=env,
                                 capture_output=True, text=True, timeout=30, check=False)
         assert waited.returncode == 0, waited.stderr
-        stopped = subprocess.run(['/bin/sh', '-c', _unit_shell(unit, 'ExecStop')], env=env, capture_output=True, text=True,
+        # the stop of the unit, or of a v3 resource's drop-in, which replaces it
+        stop_from = _systemd.V3_DROPIN_TEMPLATE if v3 else unit
+        stopped = subprocess.run(['/bin/sh', '-c', _unit_shell(stop_from, 'ExecStop')], env=env, capture_output=True, text=True,
                                  timeout=30, check=False)
         for _attempt in range(200):
             if not os.path.exists('/proc/%d' % pid) or open('/proc/%d/stat' % pid, encoding='utf-8').read().split(') ')[1][0] == 'Z':

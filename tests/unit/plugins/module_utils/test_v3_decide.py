@@ -74,10 +74,21 @@ def test_the_lists_are_read_quoted_or_not():
 
 @pytest.mark.parametrize('want, have, how', [
     (L(50.0), L(50.0), ''), (L(50.0), L(50.004), ''), (L(50.0), L(60.0), 'set'), (L(50.0, 10), L(50.0), 'set'),
-    (L(50.0), L(50.0, 10), 'unset'), (L(None, None, 1), L(None, None, 0), 'set'), (L(), L(None, None, 0), 'unset'),
+    (L(50.0), L(50.0, 10), 'unset'), (L(None, None, 1), L(None, None, 0), 'set'), (L(), L(None, None, 1), 'unset'),
+    # printed forms of no limit [U]: 100 %, 0 MiB, priority 0 (normal) are none - never a restart for how it is printed
+    (L(), L(100.0, 0, 0), ''), (L(100.0), L(), ''), (L(None, None, 0), L(), ''),
 ])
 def test_compare(want, have, how):
     assert compare(want, have) == how
+
+
+def test_limits_that_could_not_be_read_are_set_again_never_dropped():
+    assert compare(L(50.0), L(), unreadable=True) == 'set' and compare(L(), L(), unreadable=True) == ''
+    changes, why = live_changes(SPEC, _seen([('default', L(50.0, 4096)), ('small', L(20.0, 2048, 1)), ('big', L())],
+                                            unreadable=['big']))
+    assert why == '' and [(c.verb, c.namespace) for c in changes] == [('set', 'big')]
+    status, found, unreadable = parse_namespaces('train', 'default,train,Ready,-,100.00,normal,/p\nsmall,train,Ready,-,-,below_normal,/p/s\n')
+    assert unreadable == () and found['default'].client_priority == 0 and found['small'].client_priority == 1
 
 
 def _seen(namespaces, clients=(), unreadable=()):

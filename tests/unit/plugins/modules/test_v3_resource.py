@@ -211,3 +211,35 @@ def test_switching_protocols_restarts_and_leaves_no_file_of_the_other(host):
     assert back['resources'][0]['restarted'] and not os.path.exists(os.path.join(host.etc, 'train.mps.toml')), back['actions']
     again = host.run([{'name': 'train', 'devices': [0], 'active_thread_percentage': 40}])
     assert not again['changed'], again['actions']
+
+
+def test_a_lost_record_a_crash_and_empty_v3_keys(host):
+    """Found by review: a v3 daemon whose start record is gone (/run emptied at a boot while systemd started it again, or
+    a start that failed after it came up) is still the resource's own and read with v3 words, not refused; after a crash
+    state=absent leaves none of the server's directories; an empty namespaces list is no request for v3."""
+    _r615()
+    host.ok([entry()])
+    pid = list(host.daemons())[0]
+    os.unlink(os.path.join(host.root, 'train', '.started'))
+    result = twice(host, [entry()])  # supervisor=none: without a record the daemon is restarted, never refused
+    assert result['resources'][0]['restarted'] and 'no .started record' in ' '.join(result['actions']), result['actions']
+    assert list(host.daemons()) != [pid] and set(namespaces(host)) == {'default', 'small', 'big'}
+    crashed = list(host.daemons())[0]
+    os.kill(crashed, 9)
+    _wait_gone(crashed)
+    down = twice(host, [], state='absent')
+    assert down['changed'] and not os.path.exists(host.pipe('train')), os.listdir(host.pipe('train'))
+    legacy = host.ok([{'name': 'train', 'devices': [0], 'namespaces': [], 'active_thread_percentage': 40}])
+    assert legacy['resources'][0]['protocol'] == 'legacy'
+    assert legacy['resources'][0]['env']['CUDA_MPS_PIPE_DIRECTORY'] == host.pipe('train')
+
+
+def test_a_thread_percentage_v3_refuses_is_refused_first(host):
+    _r615()
+    for bad, param in ((entry(active_thread_percentage=0.5, namespaces=[]), 'resources[train].active_thread_percentage'),
+                       (entry(namespaces=[{'name': 'tiny', 'active_thread_percentage': 0.5}]),
+                        'resources[train].namespaces[tiny].active_thread_percentage')):
+        result = host.run([bad])
+        assert result.get('failed') and not result.get('changed') and param in result['msg'], result
+        assert 'from 1 to 100' in result['msg'] and not host.daemons()
+        assert not os.path.exists(os.path.join(host.etc, 'train.mps.toml'))
