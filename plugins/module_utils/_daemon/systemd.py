@@ -62,8 +62,8 @@ class UnitFiles:
             self.template_path: render_unit(run.config.config_dir, int(daemon.start_timeout), daemon.stop_timeout),
             run.config.env_file: render_env(run.paths.name, self.env_values(wanted)),
             self.dropin_path: render_shm_dropin(run.paths.shm_dir) if wanted.shm else None,
-            self.foreground_dropin_path: render_foreground_dropin(int(daemon.start_timeout), v3=wanted.v3 is not None)
-                                          if wanted.foreground else None,
+            self.foreground_dropin_path: (render_foreground_dropin(int(daemon.start_timeout), v3=wanted.v3 is not None)
+                                          if wanted.foreground else None),
             self.pidfile_dropin_path: (None if wanted.foreground else
                                        render_pidfile_dropin(os.path.join(run.paths.pipe_dir, PID_FILE))),
             self.order_dropin_path: render_order_dropin(run.unit_before, run.unit_after),

@@ -341,7 +341,8 @@ exit 1
 # Where a resource of the host runs MPS v3 (MPS_V3_SERVER in its environment file) its daemon is asked with v3 words
 # (ask_v3): these replace their legacy lines in that host's script only; the others stay byte for byte.
 V3_REPLACEMENTS = (
-    ("""family() {  # a metric family""", """ask_v3() {  # an MPS v3 daemon (server $4): its namespace and client lists, read into what ask sets (two UI processes)
+    ("""family() {  # a metric family""",
+     """ask_v3() {  # an MPS v3 daemon (server $4): its namespace and client lists, read into what ask sets (two UI processes)
   answered=0 complete=0 ratio=- servers=- clients=- unasked=- limits=-
   answer=$(CUDA_MPS_PIPE_DIRECTORY="$1" timeout "$timeout_s" "$2" namespace list --server="$4" --format=csv,noheader 2>"$errors")
   rc=$?

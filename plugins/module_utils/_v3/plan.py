@@ -63,6 +63,7 @@ def _file(run: V3Run, view: t.Any, out: V3Outcome) -> None:
     current = view.text(config.v3_config, 'the MPS v3 configuration of %s' % run.name)
     if current == text:
         return
+
     def write() -> None:
         ensure_dir(config.config_dir, 0o755)
         atomic_write(config.v3_config, text, 0o644)
