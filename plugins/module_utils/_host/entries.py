@@ -178,6 +178,8 @@ V3_KEYS = ('server', 'uid', 'namespaces')
 def _asks_v3(resource: t.Mapping[str, t.Any]) -> bool:
     """The entry says something of MPS v3: a protocol other than legacy, or a v3 key given (an empty list is not)."""
     return str(resource.get('protocol') or 'legacy') != 'legacy' or any(resource.get(key) not in (None, []) for key in V3_KEYS)
+
+
 # The most MPS clients any GPU takes (48 from Volta on, 60 with drivers 590 and later): a replica count above it is
 # wrong on every host, GPU facts or not.
 MAX_CLIENTS = 60
