@@ -45,9 +45,9 @@ def refusal(args: t.Mapping[str, t.Any], prefix: str = '') -> t.Optional[t.Tuple
             # value's kind); what neither check names is left to the module, which refuses it on the host.
             converted = ArgumentSpecValidator(RESOURCES_SPEC).validate({'resources': args['resources']})
             if converted.error_messages:
-                check_resources(args['resources'])
+                check_resources(args['resources'], protocol=args.get('protocol'))
             else:
-                check_resources(converted.validated_parameters['resources'])
+                check_resources(converted.validated_parameters['resources'], protocol=args.get('protocol'))
     except MpsError as exc:
         # named as the module names its own refusals (_module.prefixed): the same words from either side
         return prefixed(prefix, exc.fail_kwargs().get('param') or '', exc.msg)

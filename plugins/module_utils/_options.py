@@ -51,7 +51,8 @@ OPTIONS: t.Dict[str, t.Dict[str, t.Any]] = {
     'client_priority': dict(type='str'),
     'sm_partitions': dict(type='list', elements='int'),
     # MPS v3 (protocol 3, r615+): an entry's protocol, its server's name and owner, its namespaces (_v3.spec)
-    'protocol': dict(type='str', choices=['legacy', '3'], default='legacy'),
+    # an entry's own, or mps_host's for every entry that gives none; neither given: legacy
+    'protocol': dict(type='str', choices=['legacy', '3']),
     'server': dict(type='str'),
     'uid': dict(type='int'),
     'namespaces': dict(type='list', elements='dict', options=dict(

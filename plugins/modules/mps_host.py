@@ -126,24 +126,9 @@ options:
         version_added: 0.2.0
       protocol:
         description:
-          - V(legacy) manages the resource's daemon with the legacy control protocol, as always.
-          - V(3) runs it with MPS v3 (driver r615, CUDA 13.4, and later) - C(-d -p 3 -a <config_dir>/<name>.mps.toml), the
-            file rendered from this entry - with one named server (O(resources[].server)) on the resource's GPUs and
-            the namespaces of O(resources[].namespaces). Clients are given C(<pipe>/<server>) (C(env) of RV(resources)),
-            never C(<pipe>) itself, whose main socket routes a client to an automatic C(uid_<uid>) server outside the
-            resource's limits.
-          - The resource's C(active_thread_percentage), C(pinned_device_mem_limit) (one size for all its GPUs) and
-            C(client_priority) (or C(replicas)) are the limits of the server's C(default) namespace and of every
-            namespace that gives none of its own.
-          - Under systemd the unit starts it from its environment file (C(MPS_DAEMON_ARGS)) and stops it with C(-q); the
-            health check (and O(metrics_dir)'s metrics) ask whether the daemon lists the server, and read its default
-            namespace's limits and its clients; O(slurm_hook)'s TaskProlog points jobs at the server.
-          - Refused where the binary has no MPS v3 (the help of C(-p 3 -h) lists no C(server) module), with MIG devices
-            and with C(sm_partitions).
-          - Everything v3 is inferred from NVIDIA's documentation; no r615 binary has run it (see the troubleshooting guide).
+          - As O(gpufleet.mps.mps_host#module:protocol), for this resource. Not given - O(protocol).
         type: str
         choices: [legacy, '3']
-        default: legacy
         version_added: 0.2.0
       server:
         description:
@@ -188,6 +173,28 @@ options:
           client_priority:
             description: V(normal) or V(below_normal). Not given - the resource's.
             type: str
+  protocol:
+    description:
+      - The MPS protocol of every resource of O(resources) that gives none of its own (O(resources[].protocol)); not
+        given - V(legacy).
+      - V(legacy) manages the resource's daemon with the legacy control protocol, as always.
+      - V(3) runs it with MPS v3 (driver r615, CUDA 13.4, and later) - C(-d -p 3 -a <config_dir>/<name>.mps.toml), the
+        file rendered from this entry - with one named server (O(resources[].server)) on the resource's GPUs and
+        the namespaces of O(resources[].namespaces). Clients are given C(<pipe>/<server>) (C(env) of RV(resources)),
+        never C(<pipe>) itself, whose main socket routes a client to an automatic C(uid_<uid>) server outside the
+        resource's limits.
+      - The resource's C(active_thread_percentage), C(pinned_device_mem_limit) (one size for all its GPUs) and
+        C(client_priority) (or C(replicas)) are the limits of the server's C(default) namespace and of every
+        namespace that gives none of its own.
+      - Under systemd the unit starts it from its environment file (C(MPS_DAEMON_ARGS)) and stops it with C(-q); the
+        health check (and O(metrics_dir)'s metrics) ask whether the daemon lists the server, and read its default
+        namespace's limits and its clients; O(slurm_hook)'s TaskProlog points jobs at the server.
+      - Refused where the binary has no MPS v3 (the help of C(-p 3 -h) lists no C(server) module), with MIG devices
+        and with C(sm_partitions).
+      - Everything v3 is inferred from NVIDIA's documentation; no r615 binary has run it (see the troubleshooting guide).
+    type: str
+    choices: [legacy, '3']
+    version_added: 0.2.0
   prune:
     description: Remove the resources under O(root) (or with files in O(config_dir)) that O(resources) does not list.
     type: bool
@@ -452,7 +459,7 @@ from ansible_collections.gpufleet.mps.plugins.module_utils._options import DAEMO
 
 def argument_spec():
     return spec(
-        'root', 'config_dir', 'control_binary', 'running_servers', *DAEMON_OPTIONS,
+        'root', 'config_dir', 'control_binary', 'running_servers', 'protocol', *DAEMON_OPTIONS,
         state=dict(type='str', choices=['present', 'absent'], default='present'),
         resources=resources_option(),
         prune=dict(type='bool', default=True),

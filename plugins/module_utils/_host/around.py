@@ -114,7 +114,8 @@ class Around:
     def _health_files(self) -> t.Dict[str, str]:
         p = self.params
         # a host with a v3 resource: its daemons are asked with v3 words (else the script stays byte for byte)
-        v3 = any(str(entry.get('protocol') or 'legacy') == '3' for entry in p.get('resources') or [] if isinstance(entry, dict))
+        v3 = any(str(entry.get('protocol') or p.get('protocol') or 'legacy') == '3'
+                 for entry in p.get('resources') or [] if isinstance(entry, dict))
         return render_health(self.root, self.config_dir, self.unit_dir, p['health_interval'], p['health_timeout'],
                              metrics_dir=p.get('metrics_dir') or None, v3=v3 and p.get('state') != 'absent')
 

@@ -125,16 +125,18 @@ def _entries(resources: t.Any, param: str, *, strict_keys: bool) -> t.Iterator[t
 
 def resolve_entries(resources: t.Any, gpus: t.Sequence[Gpu], param: str = 'resources',
                     caps: t.Optional[t.Mapping[str, int]] = None, *, strict_keys: bool = True,
-                    warnings: t.Optional[t.List[str]] = None, root: str = '') -> t.List[ResourceEntry]:
+                    warnings: t.Optional[t.List[str]] = None, root: str = '', protocol: t.Optional[str] = None) -> t.List[ResourceEntry]:
     """Every resource with its devices resolved and its limits checked against its own GPUs, or a refusal.
 
     ``warnings`` receives what is not wrong but worth saying (``devices: all`` leaving out GPUs in MIG mode). ``root``:
-    where the v3 pipe directories are checked to fit a socket address (not checked without it).
+    where the v3 pipe directories are checked to fit a socket address (not checked without it). ``protocol``: that of
+    the entries that give none (mps_host's ``protocol``).
     """
     owner: t.Dict[str, str] = {}
     servers: t.Dict[str, str] = {}
     entries = []
     for resource, name in _entries(resources, param, strict_keys=strict_keys):
+        resource = _with_protocol(resource, protocol)
         where = '%s[%s]' % (param, name)
         devices = resource.get('devices')
         chosen = resolve_devices('all' if devices is None else devices, gpus, param=where + '.devices', warnings=warnings)
@@ -175,6 +177,11 @@ def resolve_entries(resources: t.Any, gpus: t.Sequence[Gpu], param: str = 'resou
 V3_KEYS = ('server', 'uid', 'namespaces')
 
 
+def _with_protocol(resource: t.Dict[str, t.Any], protocol: t.Optional[str]) -> t.Dict[str, t.Any]:
+    """The entry with the host's protocol where it gives none of its own."""
+    return dict(resource, protocol=protocol) if protocol is not None and resource.get('protocol') is None else resource
+
+
 def _asks_v3(resource: t.Mapping[str, t.Any]) -> bool:
     """The entry says something of MPS v3: a protocol other than legacy, or a v3 key given (an empty list is not)."""
     return str(resource.get('protocol') or 'legacy') != 'legacy' or any(resource.get(key) not in (None, []) for key in V3_KEYS)
@@ -204,13 +211,14 @@ def boolean(resource: t.Mapping[str, t.Any], key: str, where: str) -> bool:
     raise InvalidParameterError('%s.%s' % (where, key), 'must be true or false; got %r' % (resource.get(key),))
 
 
-def check_resources(resources: t.Any, param: str = 'resources') -> None:
+def check_resources(resources: t.Any, param: str = 'resources', protocol: t.Optional[str] = None) -> None:
     """What can be refused in a resource list without the host's GPUs - on the controller, before the module is sent to the host.
 
     Keys, names, percentages, the form of sizes and replica counts. The rest (devices, sizes against memory,
     replicas against each GPU) is :func:`resolve_entries`' on the host, with the same messages.
     """
     for resource, name in _entries(resources, param, strict_keys=True):
+        resource = _with_protocol(resource, protocol)
         where = '%s[%s]' % (param, name)
         multiuser(resource, where)
         boolean(resource, 'oversubscribe', where)

@@ -136,8 +136,8 @@ class HostManager:
         """The listed resources, every option checked; nothing read from a daemon, nothing changed."""
         p = self.params
         self.plan_warnings = []
-        entries = resolve_entries(p['resources'], gpus, 'resources', warnings=self.plan_warnings,
-                                  root=self.root) if p['state'] == 'present' else []
+        entries = resolve_entries(p['resources'], gpus, 'resources', warnings=self.plan_warnings, root=self.root,
+                                  protocol=p.get('protocol')) if p['state'] == 'present' else []
         if p['state'] == 'present':
             if p['shm']:
                 # Imported here, as everything only shm needs: AnsiballZ compiles every module imported, on every run.

@@ -64,9 +64,9 @@ FRAGMENTS = COLLECTION / 'plugins' / 'doc_fragments' / '_common.py'
 # the entry's key referring to it.
 ENTRY_DOCUMENTED_BY = {'devices': 'mps_daemon', 'multiuser': 'mps_daemon', 'active_thread_percentage': 'mps_limits',
                        'pinned_device_mem_limit': 'mps_limits', 'replicas': 'mps_limits', 'oversubscribe': 'mps_limits',
-                       'client_priority': 'mps_limits', 'sm_partitions': 'mps_limits'}
+                       'client_priority': 'mps_limits', 'sm_partitions': 'mps_limits', 'protocol': 'mps_host'}
 # Shared keys only an entry of mps_host's resources takes (MPS v3): described there, as the entry's suboptions.
-ENTRY_ONLY = ('protocol', 'server', 'uid', 'namespaces')
+ENTRY_ONLY = ('server', 'uid', 'namespaces')
 
 
 # A module's own option of a name a fragment describes, with the reason it means something else there.

@@ -243,3 +243,14 @@ def test_a_thread_percentage_v3_refuses_is_refused_first(host):
         assert result.get('failed') and not result.get('changed') and param in result['msg'], result
         assert 'from 1 to 100' in result['msg'] and not host.daemons()
         assert not os.path.exists(os.path.join(host.etc, 'train.mps.toml'))
+
+
+def test_the_hosts_protocol_is_that_of_every_entry_that_gives_none(host):
+    """mps_host's protocol (the fleet role's mps_protocol) for the entries without their own; an entry's own wins."""
+    _r615()
+    bare = {key: value for key, value in entry().items() if key != 'protocol'}
+    result = host.ok([bare, {'name': 'old', 'devices': [1], 'protocol': 'legacy'}], protocol='3')
+    assert [res['protocol'] for res in result['resources']] == ['3', 'legacy'], result['resources']
+    assert result['resources'][0]['env']['CUDA_MPS_PIPE_DIRECTORY'] == os.path.join(host.pipe('train'), 'train')
+    refused = host.run([{'name': 'train', 'devices': [0]}], protocol='3')  # v3 without uid or multiuser
+    assert refused.get('failed') and 'resources[train].uid' in refused['msg'], refused
