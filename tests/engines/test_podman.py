@@ -246,6 +246,14 @@ def test_mps_info_names_the_container_of_each_client(lab: Lab, capsys: pytest.Ca
         assert [(o['owner'], o['engine'], o['container'], o['uid']) for o in owners] == [('container', 'podman', container, 65534)], owners
         assert owners[0]['pid'] == int(pid)  # the client is the container's own process
         assert daemon['clients_by_owner'] == {'container': 1, 'slurm_job': 0, 'host': 0, 'unknown': 0}
+        # the metrics script's own classifier (gpufleet_mps_clients_by_owner), on the real container's client
+        from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.metrics import render_metrics_script
+        script = render_metrics_script('/r', '/e', '/w', 3, '/m')
+        start = script.index("container_re='")
+        classify = script[start:script.index('\n}\n', start) + 3] + 'owner_of "$1"; echo "$owner"'
+        said = subprocess.run(['sh', '-c', classify, 'sh', '/proc/%d/cgroup' % owners[0]['pid']], capture_output=True, text=True,
+                              check=True, timeout=30)
+        assert said.stdout.split() == ['container'], said
         with open('/proc/%d/cgroup' % owners[0]['pid'], encoding='utf-8') as handle:
             lab.quotes.extend(['$ cat /proc/%d/cgroup   # the client, as mps_info read it' % owners[0]['pid']] + handle.read().splitlines())
         lab.quotes.append('client_owners: %s' % json.dumps(owners))

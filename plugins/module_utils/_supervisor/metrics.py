@@ -28,6 +28,11 @@ METRICS = {
         'MPS servers the control daemon runs (get_server_list).')),
     'gpufleet_mps_clients': ('gauge', ('root', 'resource'), (
         'CUDA clients connected to the MPS servers of the control daemon (get_client_list of each server).')),
+    'gpufleet_mps_clients_by_owner': ('gauge', ('root', 'resource', 'owner'), (
+        'The clients of gpufleet_mps_clients by what owns them, from the cgroup of each: container (the layout of a '
+        'container engine names it), slurm_job (the cgroup of slurmstepd names a Slurm job), host (the slices or scopes '
+        'of systemd on the host), unknown (anything else, or unreadable). Every owner always exported: a bounded set, '
+        'never one series per process.')),
     'gpufleet_mps_default_active_thread_ratio': ('gauge', ('root', 'resource'), (
         'Default active thread percentage the control daemon gives new MPS servers, as a ratio (0.25 for 25.0).')),
     'gpufleet_mps_default_device_pinned_memory_limit_bytes': ('gauge', ('root', 'resource', 'device', 'uuid'), (
@@ -73,7 +78,8 @@ nl='
 sentinel=get_default_active_thread_percentage
 # shellcheck disable=SC2016  # an awk program: its $ are awk's
 # The answer of one batch (framed as the modules frame theirs: the health answer, then each reply followed by the
-# sentinel's percentage): "answered complete ratio servers clients unasked limits", "-" for what is unknown.
+# sentinel's percentage): "answered complete ratio servers clients unasked limits pids" (pids: the clients', comma
+# separated), "-" for what is unknown.
 parse='
 BEGIN { blocks = -1; body = ""; junk = 0 }
 { gsub(/[ \t\r]+/, " "); sub(/^ /, ""); sub(/ $/, "") }
@@ -84,16 +90,21 @@ $0 == "" { next }
 }
 { if (blocks < 0) junk = 1; else body = body " " $0 }
 END {
-  if (junk || blocks < 0 || health !~ /^[0-9]+[.][0-9]$/) { print "0 0 - - - - -"; exit }
+  if (junk || blocks < 0 || health !~ /^[0-9]+[.][0-9]$/) { print "0 0 - - - - - -"; exit }
   ratio = sprintf("%.4g", health / 100)
   nc = split(candidates, cand, " ")
-  if (blocks != 1 + ordinals + nc || body != "" || !ints(text[0])) { print "1 0 " ratio " - - - -"; exit }
+  if (blocks != 1 + ordinals + nc || body != "" || !ints(text[0])) { print "1 0 " ratio " - - - - -"; exit }
   ns = split(text[0], listed, " ")
   for (i = 1; i <= ns; i++) server[listed[i]] = 1
   clients = 0
+  cpids = ""
   for (j = 1; j <= nc; j++) {
     asked[cand[j]] = 1
-    if ((cand[j] in server) && ints(text[ordinals + j])) clients += split(text[ordinals + j], pids, " ")
+    if ((cand[j] in server) && ints(text[ordinals + j])) {
+      n = split(text[ordinals + j], pids, " ")
+      clients += n
+      for (k = 1; k <= n; k++) cpids = cpids (cpids == "" ? "" : ",") pids[k]
+    }
   }
   unasked = ""
   for (i = 1; i <= ns; i++) if (!(listed[i] in asked)) unasked = unasked (unasked == "" ? "" : ",") listed[i]
@@ -103,7 +114,7 @@ END {
     if (t ~ /^[0-9]+[MG]$/ && t + 0 > 0) value = sprintf("%.0f", (t + 0) * (t ~ /G$/ ? 1073741824 : 1048576))
     limits = limits (i > 1 ? "," : "") value
   }
-  print "1 1 " ratio " " ns " " clients " " (unasked == "" ? "-" : unasked) " " (limits == "" ? "-" : limits)
+  print "1 1 " ratio " " ns " " clients " " (unasked == "" ? "-" : unasked) " " (limits == "" ? "-" : limits) " " (cpids == "" ? "-" : cpids)
 }
 function ints(s) { return s ~ /^( [0-9]+)*$/ }
 '
@@ -173,9 +184,26 @@ ask() {  # one control UI process for pipe directory $1 (control binary $2, $3 d
   done
   answer=$(printf '%s\n' "$batch" | CUDA_MPS_PIPE_DIRECTORY="$1" timeout "$timeout_s" "$2" 2>"$errors")
   rc=$?
-  read -r answered complete ratio servers clients unasked limits <<EOF
+  read -r answered complete ratio servers clients unasked limits cpids <<EOF
 $(printf '%s\n' "$answer" | awk -v ordinals="$3" -v candidates="$4" "$parse")
 EOF
+}
+
+# The owner kind of the process whose /proc/<pid>/cgroup is $1, in $owner: as _attribution.owner_kind decides it (a
+# unit test holds the two to the same answers over its cited real files). container: a layout of an engine names a
+# container id; slurm_job: slurmstepd's cgroup names a job; host: every path in systemd's slices or scopes; else unknown.
+container_re='libpod-[0-9a-f]{64}(\.scope)?(/|$)|crio-[0-9a-f]{64}(\.scope)?(/|$)|cri-containerd[-:][0-9a-f]{64}|docker-[0-9a-f]{64}\.scope|/docker/[0-9a-f]{64}(/|$)|/kubepods(/[a-z]+)*/pod[0-9a-f-]+/([0-9a-f]{64}|[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})(/|$)|/[0-9a-f]{64}(\.scope)?(/|$)'
+owner_of() {
+  owner=unknown
+  cgroups=$(sed -n 's/^[^:]*:[^:]*:[[:space:]]*\([^[:space:]].*\)$/\1/p' "$1" 2>/dev/null) || return 0
+  [ -n "$cgroups" ] || return 0
+  if printf '%s\n' "$cgroups" | grep -Eq "$container_re"; then owner=container; return 0; fi
+  if printf '%s\n' "$cgroups" | grep -Eq '(/slurm(_[^/]+)?/uid_[0-9]+|slurmstepd\.scope)/job_[0-9]+(/|$)'; then owner=slurm_job; return 0; fi
+  rest=$(printf '%s\n' "$cgroups" | grep -vx '/')
+  [ -n "$rest" ] || return 0
+  printf '%s\n' "$rest" | grep -Evq '^(/\.\.)*/(user\.slice|system\.slice|init\.scope|user-[0-9]+\.slice|session-[0-9]+\.scope)(/|$)' && return 0
+  printf '%s\n' "$rest" | grep -Eq '[0-9a-f]{64}' && return 0
+  owner=host
 }
 
 family() {  # a metric family: name $1, type $2, HELP $3, its sample lines $4 (nothing at all without samples)
@@ -188,7 +216,7 @@ started=$cs
 healthy=0
 sick=0
 seen=''
-f_up='' f_answering='' f_error='' f_servers='' f_clients='' f_ratio='' f_limit='' f_device=''
+f_up='' f_answering='' f_error='' f_servers='' f_clients='' f_ratio='' f_limit='' f_device='' f_owner=''
 for env in "$config_dir"/*.env; do
   [ -f "$env" ] || continue
   instance=${env##*/}
@@ -280,6 +308,24 @@ for env in "$config_dir"/*.env; do
   if [ "$answering" = 1 ] && [ "$complete" = 1 ]; then
     f_servers="${f_servers}gpufleet_mps_servers{$labels} $servers$nl"
     f_clients="${f_clients}gpufleet_mps_clients{$labels} $clients$nl"
+    n_container=0 n_slurm_job=0 n_host=0 n_unknown=0
+    old_ifs=$IFS
+    IFS=,
+    for pid in $cpids; do
+      case $pid in '' | *[!0-9]*) continue ;; esac
+      owner_of "/proc/$pid/cgroup"
+      case $owner in
+        container) n_container=$((n_container + 1)) ;;
+        slurm_job) n_slurm_job=$((n_slurm_job + 1)) ;;
+        host) n_host=$((n_host + 1)) ;;
+        *) n_unknown=$((n_unknown + 1)) ;;
+      esac
+    done
+    IFS=$old_ifs
+    f_owner="${f_owner}gpufleet_mps_clients_by_owner{$labels,owner=\"container\"} $n_container$nl"
+    f_owner="${f_owner}gpufleet_mps_clients_by_owner{$labels,owner=\"slurm_job\"} $n_slurm_job$nl"
+    f_owner="${f_owner}gpufleet_mps_clients_by_owner{$labels,owner=\"host\"} $n_host$nl"
+    f_owner="${f_owner}gpufleet_mps_clients_by_owner{$labels,owner=\"unknown\"} $n_unknown$nl"
     ordinal=0
     rest_devices=$devices
     rest_limits=$limits
@@ -317,6 +363,7 @@ if {
   family gpufleet_mps_daemon_error gauge '@HELP_gpufleet_mps_daemon_error@' "$f_error"
   family gpufleet_mps_servers gauge '@HELP_gpufleet_mps_servers@' "$f_servers"
   family gpufleet_mps_clients gauge '@HELP_gpufleet_mps_clients@' "$f_clients"
+  family gpufleet_mps_clients_by_owner gauge '@HELP_gpufleet_mps_clients_by_owner@' "$f_owner"
   family gpufleet_mps_default_active_thread_ratio gauge '@HELP_gpufleet_mps_default_active_thread_ratio@' "$f_ratio"
   family gpufleet_mps_default_device_pinned_memory_limit_bytes gauge '@HELP_gpufleet_mps_default_device_pinned_memory_limit_bytes@' "$f_limit"
   family gpufleet_mps_device_info gauge '@HELP_gpufleet_mps_device_info@' "$f_device"
@@ -343,7 +390,7 @@ exit 1
 V3_REPLACEMENTS = (
     ("""family() {  # a metric family""",
      """ask_v3() {  # an MPS v3 daemon (server $4): its namespace and client lists, read into what ask sets (two UI processes)
-  answered=0 complete=0 ratio=- servers=- clients=- unasked=- limits=-
+  answered=0 complete=0 ratio=- servers=- clients=- unasked=- limits=- cpids=-
   answer=$(CUDA_MPS_PIPE_DIRECTORY="$1" timeout "$timeout_s" "$2" namespace list --server="$4" --format=csv,noheader 2>"$errors")
   rc=$?
   if [ "$rc" -ne 0 ]; then
@@ -358,6 +405,7 @@ V3_REPLACEMENTS = (
   rc=$?
   [ "$rc" -eq 0 ] || return 0
   clients=$(printf '%s\\n' "$list" | grep -c "^[0-9][0-9]*,$4,")
+  cpids=$(printf '%s\\n' "$list" | sed -n "s/^\\([0-9][0-9]*\\),$4,.*/\\1/p" | tr '\\n' ',')
   read -r ratio limits <<EOF
 $(printf '%s\\n' "$line" | awk -F, -v ordinals="$3" '{
   pct = $5; mem = $4; ratio = (pct ~ /^[0-9]+([.][0-9]+)?$/) ? sprintf("%.4g", pct / 100) : (pct == "-" || pct == "" ? "1" : "-")

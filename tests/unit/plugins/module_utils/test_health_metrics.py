@@ -32,7 +32,8 @@ from ansible_collections.gpufleet.mps.plugins.module_utils._proc import pid_aliv
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import MpsError
 from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import config_paths, resource_paths
 from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.health import render_health
-from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.metrics import ERROR_REASONS, METRICS, METRICS_FILE, label_value
+from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.metrics import (
+    ERROR_REASONS, METRICS, METRICS_FILE, label_value, render_metrics_script)
 from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.liveness import inspect
 from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.process import daemon_env
 from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.unit import render_env, unit_environment
@@ -870,3 +871,46 @@ def test_a_v3_daemon_is_asked_with_v3_words_and_reports_its_server(sim, sim_clie
     result = sim.run()
     families = sim.read()
     assert _errors(families) == {'train': '', 'shared': 'bad_answer'} and not sim.ready, result.stderr
+
+
+def test_the_scripts_owner_kinds_are_the_modules_over_every_cited_real_cgroup_file(tmp_path) -> None:
+    """The metrics script classifies each client as mps_info does (_attribution.owner_kind), over the fixtures' real
+    /proc/<pid>/cgroup files (issue 44: counts per resource by owner kind, never a series per pid)."""
+    import json  # pylint: disable=import-outside-toplevel
+    from ansible_collections.gpufleet.mps.plugins.module_utils._attribution import owner_kind, parse_cgroup
+    script = render_metrics_script('/r', '/e', '/w', 3, '/m')
+    start = script.index("container_re='")
+    function = script[start:script.index('\n}\n', start) + 3]
+    fixtures = os.path.join(os.path.dirname(__file__), 'fixtures', 'cgroups.json')
+    with open(fixtures, encoding='utf-8') as handle:
+        cases = json.load(handle)
+    texts = [case['content'] for case in cases] + ['', '0::/\n', '0::/user.slice/user-1000.slice/session-3.scope\n',
+                                                   '0::/system.slice/' + 'a' * 64 + '.scope\n']
+    files = []
+    for number, text in enumerate(texts):
+        path = tmp_path / ('cgroup%d' % number)
+        path.write_text(text)
+        files.append(str(path))
+    files.append(str(tmp_path / 'missing'))  # unreadable: the process is gone
+    texts.append('')
+    proc = subprocess.run(['sh', '-c', function + 'for f in "$@"; do owner_of "$f"; echo "$owner"; done', 'sh'] + files,
+                          capture_output=True, text=True, check=True, timeout=60)
+    expected = [owner_kind(text, parse_cgroup(text)) for text in texts]
+    assert proc.stdout.split() == expected
+    assert set(expected) == {'container', 'slurm_job', 'host', 'unknown'}  # every kind is among the cases
+
+
+def test_the_clients_are_counted_by_owner(sim, sim_clients) -> None:
+    from ansible_collections.gpufleet.mps.plugins.module_utils._attribution import attribute
+    gpus = _uuids()
+    sim.start('train', gpus[:1])
+    pipe = resource_paths(sim.root, 'train').pipe_dir
+    clients = [sim_clients(pipe)[0] for _number in range(2)]
+    sim.run()
+    families = sim.read()
+    counts = {dict(labels)['owner']: value for labels, value in series(families, 'gpufleet_mps_clients_by_owner').items()
+              if dict(labels)['resource'] == 'train'}
+    expected = dict.fromkeys(('container', 'slurm_job', 'host', 'unknown'), 0.0)
+    for client in clients:
+        expected[attribute(client.pid)['owner']] += 1
+    assert counts == expected and sum(counts.values()) == 2
