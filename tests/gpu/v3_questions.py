@@ -46,6 +46,13 @@ NOBODY = 65534
 GOOD_TOML = ('schema_version = "1.0"\n[servers.filed]\nallowed_devices = "{uuid}"\nactive_thread_percentage = "40"\n'
              '[servers.filed.namespaces.high]\nactive_thread_percentage = "60"\npinned_memory_limit = "2G"\n')
 BAD_TOML = '[servers.broken]\nbogus_key = 1\n[servers.fine]\nactive_thread_percentage = "10"\n'
+# The file gpufleet.mps renders for a v3 resource (plugins/module_utils/_v3/spec.py V3Spec.toml): an int uid, a namespace
+# with all three limits. What the collection relies on: the server Ready soon after -d returns, how a list prints a
+# priority and an unset limit, what -q does to an attached client.
+COLLECTION_TOML = ('# Written by gpufleet.mps from the resource\'s entry\nschema_version = "1.0"\n\n[servers.res]\n'
+                   'allowed_devices = "{uuid}"\nuid = 0\nactive_thread_percentage = "50"\n\n[servers.res.namespaces.small]\n'
+                   'active_thread_percentage = "20"\npinned_memory_limit = "2G"\nclient_priority = "1"\n\n'
+                   '[servers.res.namespaces.bare]\n')
 
 # op: cli (arguments), start (a daemon start), ui (legacy commands on stdin), log (control.log's lines), tree (the pipe
 # directory: paths and modes), client (name, pipe: the sub-directory of the pipe directory it points at, uid),
@@ -87,6 +94,14 @@ QUESTIONS: List[dict] = [
     {'id': 'config-bad-log', 'op': 'log'},
     {'id': 'config-bad-servers', 'op': 'cli', 'args': ['server', 'list', '--format=csv']},
     {'id': 'quit-3', 'op': 'cli', 'args': ['-q'], 'settle': 2},
+    {'id': 'config-collection', 'op': 'config', 'text': COLLECTION_TOML, 'root': True},
+    {'id': 'config-collection-status', 'op': 'cli', 'args': ['server', 'list', '--format=csv,noheader'], 'root': True},
+    {'id': 'config-collection-namespaces', 'op': 'cli', 'args': ['namespace', 'list', '--server=res', '--format=csv,noheader'],
+     'root': True, 'settle': 1},
+    {'id': 'collection-client', 'op': 'client', 'name': 'cr', 'pipe': 'res/small', 'root': True},
+    {'id': 'collection-quit-attached', 'op': 'cli', 'args': ['-q'], 'settle': 2, 'root': True},
+    {'id': 'collection-procs', 'op': 'procs', 'root': True},
+    {'id': 'collection-client-stop', 'op': 'client_stop', 'names': ['cr'], 'root': True},
     {'id': 'start-legacy', 'op': 'start', 'args': ['-d']},
     {'id': 'q-on-legacy', 'op': 'cli', 'args': ['-q'], 'settle': 2},
     {'id': 'legacy-after-q', 'op': 'ui', 'commands': ['get_server_list']},

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -254,3 +255,15 @@ def test_the_hosts_protocol_is_that_of_every_entry_that_gives_none(host):
     assert result['resources'][0]['env']['CUDA_MPS_PIPE_DIRECTORY'] == os.path.join(host.pipe('train'), 'train')
     refused = host.run([{'name': 'train', 'devices': [0]}], protocol='3')  # v3 without uid or multiuser
     assert refused.get('failed') and 'resources[train].uid' in refused['msg'], refused
+
+
+def test_a_mig_device_is_refused_with_v3(host):
+    """How v3 servers map onto MIG instances is unknown (mps-v3-reference 1.11): refused, naming the device."""
+    shipped = Path(__file__).resolve().parents[3] / 'fakes' / 'nvml' / 'configs' / 'h100x1-mig.ini'
+    with open(os.environ['FAKE_NVML_CONFIG'], 'w', encoding='utf-8') as handle:
+        handle.write(shipped.read_text(encoding='utf-8'))
+    _r615()
+    result = host.run([entry(devices=['0:0'], namespaces=[])])
+    assert result.get('failed') and not result.get('changed'), result
+    assert 'resources[train].devices' in result['msg'] and 'MIG device' in result['msg'], result['msg']
+    assert not host.daemons()
