@@ -44,10 +44,13 @@ def refusal(args: t.Mapping[str, t.Any], prefix: str = '') -> t.Optional[t.Tuple
             # converted. Where the conversion fails, the list as given: the refusal in our words (an unknown key, a
             # value's kind); what neither check names is left to the module, which refuses it on the host.
             converted = ArgumentSpecValidator(RESOURCES_SPEC).validate({'resources': args['resources']})
+            # the host's protocol for the entries that give none - only a value the module takes (its own check refuses
+            # any other, naming protocol)
+            protocol = str(args['protocol']) if str(args.get('protocol')) in ('legacy', '3') else None
             if converted.error_messages:
-                check_resources(args['resources'], protocol=args.get('protocol'))
+                check_resources(args['resources'], protocol=protocol)
             else:
-                check_resources(converted.validated_parameters['resources'], protocol=args.get('protocol'))
+                check_resources(converted.validated_parameters['resources'], protocol=protocol)
     except MpsError as exc:
         # named as the module names its own refusals (_module.prefixed): the same words from either side
         return prefixed(prefix, exc.fail_kwargs().get('param') or '', exc.msg)

@@ -17,7 +17,7 @@ UNIT_LISTS = ('mps_unit_before', 'mps_unit_after')
 VARIABLES = ('mps_resources',) + UNIT_LISTS
 
 
-def mps_check(value: t.Any, variable: str = 'mps_resources') -> t.Any:
+def mps_check(value: t.Any, variable: str = 'mps_resources', protocol: t.Optional[str] = None) -> t.Any:
     """A refusal naming ``variable`` of what needs no GPU facts - for the resource list its keys, names, limit values
     and replica counts; for a unit order, that it is a list of systemd unit names - or else the resource list itself,
     or the unit order as the list of its names (empty for none)."""
@@ -26,7 +26,9 @@ def mps_check(value: t.Any, variable: str = 'mps_resources') -> t.Any:
     try:
         if variable in UNIT_LISTS:
             return list(check_unit_order(value, variable))
-        check_resources(value, variable)
+        if protocol is not None and str(protocol) not in ('legacy', '3'):
+            raise MpsError('protocol must be legacy or 3 (MPS v3), got %r' % (protocol,))
+        check_resources(value, variable, protocol=None if protocol is None else str(protocol))
     except MpsError as exc:
         raise AnsibleFilterError(exc.msg) from exc
     return value

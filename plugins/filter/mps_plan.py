@@ -29,12 +29,12 @@ def _gpu(fact: t.Mapping[str, t.Any]) -> Gpu:
                str(fact.get('compute_mode', 'default')), mig_current, None, None, mig_devices=migs)
 
 
-def mps_plan(resources: t.Any, gpu_facts: t.Any) -> t.List[t.Dict[str, t.Any]]:
+def mps_plan(resources: t.Any, gpu_facts: t.Any, protocol: t.Optional[str] = None) -> t.List[t.Dict[str, t.Any]]:
     """Every resource with its devices resolved to UUIDs and its replicas resolved for this host's GPU models.
 
     The same planner as the mps_host module (module_utils/_host/entries.py): an unknown key, a bad limit, a GPU in two
     resources or in MIG mode is refused naming the resource and the key. MIG devices come from mps_info's
-    ``mig_devices`` of each GPU.
+    ``mig_devices`` of each GPU. ``protocol``: that of the entries that give none (mps_host's ``protocol``).
     """
     gpus = [_gpu(fact) for fact in gpu_facts or []]
     # mps_info's max_mps_clients knows the driver (60 on r590+); derive it only for older facts without it.
@@ -42,7 +42,10 @@ def mps_plan(resources: t.Any, gpu_facts: t.Any) -> t.List[t.Dict[str, t.Any]]:
     facts_by_uuid.update({str(m['uuid']): m for fact in gpu_facts or [] for m in fact.get('mig_devices') or []})
     caps = {gpu.uuid: int(facts_by_uuid.get(gpu.uuid, {}).get('max_mps_clients') or gpu.max_mps_clients) for gpu in all_devices(gpus)}
     try:
-        return [entry.as_dict() for entry in resolve_entries(resources, gpus, 'mps_resources', caps)]
+        if protocol is not None and str(protocol) not in ('legacy', '3'):
+            raise MpsError('protocol must be legacy or 3 (MPS v3), got %r' % (protocol,))
+        return [entry.as_dict() for entry in resolve_entries(resources, gpus, 'mps_resources', caps,
+                                                             protocol=None if protocol is None else str(protocol))]
     except MpsError as exc:
         raise AnsibleFilterError(exc.msg) from exc
 

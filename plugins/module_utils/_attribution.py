@@ -44,10 +44,10 @@ PATTERNS: t.Tuple[t.Tuple[str, t.Pattern[str]], ...] = (
 )
 # Where a host's own processes live (systemd's slices and scopes; a reader in a child cgroup namespace sees them as
 # /../...): a path elsewhere that names no engine is unknown, not the host's.
-HOST_PATHS = re.compile(r'^(?:/\.\.)*/(?:user\.slice|system\.slice|init\.scope|user-\d+\.slice|session-\d+\.scope)(?:/|$)')
+HOST_PATHS = re.compile(r'^(?:/\.\.)*/(?:user\.slice|system\.slice|init\.scope|user-[0-9]+\.slice|session-[0-9]+\.scope)(?:/|$)')
 _POD = re.compile(r'pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}|[0-9a-f]{32})(?:\.slice|/)')
 # /slurm/uid_N/job_N (v1; /slurm_<node>/... where several slurmd share a host), <node>_slurmstepd.scope/job_N (v2)
-_SLURM_JOB = re.compile(r'(?:/slurm(?:_[^/]+)?/uid_\d+|slurmstepd\.scope)/job_(\d+)(?=/|$)')
+_SLURM_JOB = re.compile(r'(?:/slurm(?:_[^/]+)?/uid_[0-9]+|slurmstepd\.scope)/job_([0-9]+)(?=/|$)')
 _HEX64 = re.compile(r'[0-9a-f]{64}')
 _CLAIMED_JOB = re.compile(r'\d+(?:_\d+)?')
 OWNER_KINDS = ('container', 'slurm_job', 'host', 'unknown')

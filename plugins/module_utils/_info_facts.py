@@ -282,7 +282,7 @@ class Facts:
     def _reported_v3(self, paths: ResourcePaths, readout: t.Any, facts: t.Dict[str, t.Any]) -> None:
         """A v3 daemon (started by mps_host from a protocol: 3 entry): its server, its namespaces' limits as it lists them,
         its clients with their namespace and owner (issue 43)."""
-        facts['healthy'] = readout.found
+        facts['healthy'] = readout.ready
         clients = [dict(self.view.owners.get(pid) or {'pid': pid, 'owner': 'unknown'}, namespace=namespace)
                    for pid, namespace in readout.clients]
         facts['v3'] = {'server': readout.server, 'listed': readout.found, 'status': readout.status or None,
@@ -291,10 +291,11 @@ class Facts:
                        'clients': clients}
         if 'servers' in facts:
             facts['clients_by_owner'] = owner_counts(clients)
-        if not readout.found:
-            facts['error'] = 'its MPS v3 server %s is not in its lists' % readout.server
-            self.warnings.append('the MPS v3 control daemon of %s (pid %s) runs, but its server %s is not in its lists: '
-                                 'gpufleet.mps.mps_host starts it again' % (paths.name, facts['pid'], readout.server))
+        if not readout.ready:
+            facts['error'] = 'its MPS v3 server %s is %s' % (readout.server, 'not Ready (%s)' % readout.status if readout.found
+                                                           else 'not in its lists')
+            self.warnings.append('the MPS v3 control daemon of %s (pid %s) runs, but %s%s' % (
+                paths.name, facts['pid'], facts['error'], '' if readout.found else ': gpufleet.mps.mps_host starts it again'))
 
     def _slice(self, uuids: t.Sequence[str], by_uuid: t.Mapping[str, Gpu], persisted: t.Optional[Limits]) -> t.Dict[str, t.Any]:
         """One of ``slices`` clients' share of the daemon's GPUs, as the environment it sets (``slice_env``), capped by the

@@ -12,6 +12,7 @@ from .._gpus import all_devices
 from .._io import ensure_dir, remove, restorer, untraversable
 from .._errors import InvalidParameterError
 from .._limits.store import persist, read_persisted, read_replay, write_replay
+from .._observe.reader import env_server
 from .._protocol.commands import SET_DEFAULT_PRIORITY, SM_PARTITION
 from .._outcome import Outcome
 from .._resource.record import StartRecord
@@ -177,7 +178,10 @@ class DaemonActions:
         """The directory a v3 daemon made for the resource's server in the pipe directory (its sockets, namespaces and log
         FIFO [ref 1.9]): the record's server, else the listed entry's; '' for a legacy daemon."""
         run = self.run
-        server = record.server if record is not None and record.protocol == 3 else (run.daemon.v3_server if record is None else '')
+        server = record.server if record is not None and record.protocol == 3 else ''
+        if record is None:
+            # its record lost (a boot): the listed entry's server, else the one its environment file names
+            server = run.daemon.v3_server or env_server(run.view, run.config)
         return os.path.join(run.paths.pipe_dir, server) if server else ''
 
     def clean_stale(self, out: Outcome, record: t.Optional[StartRecord] = None) -> None:

@@ -121,10 +121,12 @@ class DaemonManager:
         wanted.static = static_wanted(run)
         wanted.v3 = v3
         record = self.view.resource(run.paths.name).record
-        if v3 is None and record is not None and record.protocol == 3 and not run.host.limits_planned:
+        found = self.view.v3.get(run.paths.name)  # read with v3 words: its record, or its environment file, names its server
+        if v3 is None and not run.host.limits_planned and ((record is not None and record.protocol == 3) or found is not None):
             raise InvalidParameterError('name', '%s runs MPS v3 (server %s), started by gpufleet.mps.mps_host from an entry with '
                                         'protocol: 3: mps_daemon starts and restarts legacy daemons only - manage it with '
-                                        'mps_host, or stop it here (state=stopped or absent) first' % (run.paths.name, record.server))
+                                        'mps_host, or stop it here (state=stopped or absent) first' % (
+                                            run.paths.name, record.server if record is not None and record.server else found[1].server))
         if run.supervisor == 'systemd':
             self.unit_files.render(wanted)  # a value no unit file can carry is refused now, before any side effect
         return wanted

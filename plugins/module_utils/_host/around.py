@@ -15,10 +15,10 @@ import typing as t
 from .._bytecode import CACHE_DIR as BYTECODE_DIR, remove_bytecode
 from .._errors import InvalidParameterError, MpsError
 from .._io import atomic_write, ensure_dir, read_text, remove
-from .._observe.reader import Wants
+from .._observe.reader import Wants, env_server
 from .._observe.view import HostView
 from .._outcome import Outcome
-from .._resource.layout import resource_paths
+from .._resource.layout import config_paths, resource_paths
 from .._supervisor.health import HEALTH_NAME, METRICS_FILE, render_health
 from .._supervisor.logrotate import render_logrotate
 from .._supervisor.unit import MANAGED_HEADER as SLURM_MANAGED, Systemctl
@@ -113,11 +113,23 @@ class Around:
 
     def _health_files(self) -> t.Dict[str, str]:
         p = self.params
-        # a host with a v3 resource: its daemons are asked with v3 words (else the script stays byte for byte)
-        v3 = any(str(entry.get('protocol') or p.get('protocol') or 'legacy') == '3'
-                 for entry in p.get('resources') or [] if isinstance(entry, dict))
         return render_health(self.root, self.config_dir, self.unit_dir, p['health_interval'], p['health_timeout'],
-                             metrics_dir=p.get('metrics_dir') or None, v3=v3 and p.get('state') != 'absent')
+                             metrics_dir=p.get('metrics_dir') or None, v3=self._v3_here())
+
+    def _v3_here(self) -> bool:
+        """A resource of the host runs MPS v3 - listed so, or found so (an unlisted one kept with prune=false: its record,
+        or its environment file, names its server): its daemon is asked with v3 words (else the scripts stay byte for byte)."""
+        p = self.params
+        if p.get('state') == 'absent':
+            return False
+        if any(str(entry.get('protocol') or p.get('protocol') or 'legacy') == '3'
+               for entry in p.get('resources') or [] if isinstance(entry, dict)):
+            return True
+        view = self.view
+        for name, seen in view.resources.items():
+            if (seen.record is not None and seen.record.protocol == 3) or env_server(view, config_paths(self.config_dir, name)):
+                return True
+        return False
 
     def _old_metrics(self, wanted_dir: t.Optional[str]) -> t.Optional[str]:
         """The textfile an earlier health script wrote, where this run's writes none or another one: it goes too."""

@@ -71,9 +71,12 @@ def daemon_scope(view: t.Any, paths: ResourcePaths, config: ConfigPaths, gpus: t
     scope = functools.partial(DaemonScope, liveness=liveness, record=record)
     reader = file_reader(view, config, paths.name)
     uuids: t.Optional[t.List[str]] = None
-    if record is not None and record.protocol == 3 and planned is not None:
-        # MPS v3 runs there and mps_host switches the resource to the legacy protocol: the daemon restarts (the protocol
-        # differs), so the legacy limits are persisted for the new start, never sent to the v3 daemon
+    runs_v3 = (record is not None and record.protocol == 3) or (
+        record is None and liveness.running and liveness.pid is not None and view.protocols.get(liveness.pid) == 3)
+    if runs_v3 and planned is not None:
+        # MPS v3 runs there (its record says so, or - the record lost - its process) and mps_host switches the resource to
+        # the legacy protocol: the daemon restarts (the protocol differs), so the legacy limits are persisted for the new
+        # start, never sent to the v3 daemon. Whether it is the resource's own is read_daemon's to decide (refused if not).
         return scope(list(planned), running=False, pid=None, order_known=True, scope_known=True)
     if record is not None:
         uuids = list(record.devices)

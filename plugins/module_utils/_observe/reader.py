@@ -168,7 +168,7 @@ def read_daemon(view: HostView, name: str, query: t.Callable[[t.List[str]], t.An
     if record is not None and record.protocol == 3:
         return _read_v3(view, name, pid, record.server, client)
     if record is None and view.protocols[pid] == 3:
-        server = server or _env_server(view, config)
+        server = server or env_server(view, config)
         if server:
             return _read_v3(view, name, pid, server, client)
     if view.protocols[pid] == 3:
@@ -183,7 +183,7 @@ def read_daemon(view: HostView, name: str, query: t.Callable[[t.List[str]], t.An
     return readout
 
 
-def _env_server(view: HostView, config: t.Optional[t.Any]) -> str:
+def env_server(view: HostView, config: t.Optional[t.Any]) -> str:
     """The v3 server the resource's environment file (supervisor=systemd) names; '' where it names none or was not read."""
     if config is None:
         return ''

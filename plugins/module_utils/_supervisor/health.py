@@ -71,7 +71,7 @@ V3_ASK = r"""  server=$(sed -n 's/^MPS_V3_SERVER=//p' "$env")
   case "$pipe" in "$root"/*) ;; *) continue ;; esac
   if [ -n "$server" ]; then   # MPS v3: healthy when the daemon lists the resource's server, Ready
     answer=$(CUDA_MPS_PIPE_DIRECTORY="$pipe" timeout "$timeout_s" "$control" namespace list --server="$server" --format=csv,noheader 2>&1)
-    good=$(printf '%s\n' "$answer" | grep -c "^default,$server,Ready,")
+    good=$(printf '%s\n' "$answer" | sed 's/,[[:space:]]*/,/g' | grep -ic "^default,$server,ready,")
   else
     answer=$(echo get_default_active_thread_percentage | CUDA_MPS_PIPE_DIRECTORY="$pipe" timeout "$timeout_s" "$control" 2>&1)
     good=$(printf '%s\n' "$answer" | grep -Ecx '[0-9]+[.][0-9]')

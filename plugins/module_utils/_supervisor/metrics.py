@@ -195,7 +195,8 @@ EOF
 container_re='libpod-[0-9a-f]{64}(\.scope)?(/|$)|crio-[0-9a-f]{64}(\.scope)?(/|$)|cri-containerd[-:][0-9a-f]{64}|docker-[0-9a-f]{64}\.scope|/docker/[0-9a-f]{64}(/|$)|/kubepods(/[a-z]+)*/pod[0-9a-f-]+/([0-9a-f]{64}|[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})(/|$)|/[0-9a-f]{64}(\.scope)?(/|$)'
 owner_of() {
   owner=unknown
-  cgroups=$(sed -n 's/^[^:]*:[^:]*:[[:space:]]*\([^[:space:]].*\)$/\1/p' "$1" 2>/dev/null) || return 0
+  cgroups=$(sed -n 's/^[^:]*:[^:]*://p' "$1" 2>/dev/null) || return 0
+  cgroups=$(printf '%s\n' "$cgroups" | sed 's/^[[:space:]]*//; s/[[:space:]]*$//' | grep -v '^$')
   [ -n "$cgroups" ] || return 0
   if printf '%s\n' "$cgroups" | grep -Eq "$container_re"; then owner=container; return 0; fi
   if printf '%s\n' "$cgroups" | grep -Eq '(/slurm(_[^/]+)?/uid_[0-9]+|slurmstepd\.scope)/job_[0-9]+(/|$)'; then owner=slurm_job; return 0; fi
@@ -304,7 +305,7 @@ for env in "$config_dir"/*.env; do
     [ "$each" = "$reason" ] && value=1
     f_error="${f_error}gpufleet_mps_daemon_error{$labels,reason=\"$each\"} $value$nl"
   done
-  [ "$answering" = 1 ] && f_ratio="${f_ratio}gpufleet_mps_default_active_thread_ratio{$labels} $ratio$nl"
+  [ "$answering" = 1 ] && [ "$ratio" != - ] && f_ratio="${f_ratio}gpufleet_mps_default_active_thread_ratio{$labels} $ratio$nl"
   if [ "$answering" = 1 ] && [ "$complete" = 1 ]; then
     f_servers="${f_servers}gpufleet_mps_servers{$labels} $servers$nl"
     f_clients="${f_clients}gpufleet_mps_clients{$labels} $clients$nl"
@@ -398,19 +399,27 @@ V3_REPLACEMENTS = (
     printf '%s\\n' "$answer" | grep -q "^Error" && rc=0
     return 0
   fi
-  line=$(printf '%s\\n' "$answer" | grep -m 1 "^default,$4,")
+  # the default namespace's row (spaces after the commas tolerated), the server Ready: what the module and the plain
+  # check call a healthy v3 daemon (_v3.readout.V3Readout.ready)
+  line=$(printf '%s\\n' "$answer" | sed 's/,[[:space:]]*/,/g' | grep -m 1 "^default,$4,")
   [ -n "$line" ] || return 0
+  printf '%s\\n' "$line" | cut -d, -f3 | grep -qix ready || return 0
   answered=1
   list=$(CUDA_MPS_PIPE_DIRECTORY="$1" timeout "$timeout_s" "$2" client list --server="$4" --format=csv,noheader 2>>"$errors")
   rc=$?
   [ "$rc" -eq 0 ] || return 0
+  list=$(printf '%s\\n' "$list" | sed 's/,[[:space:]]*/,/g')
   clients=$(printf '%s\\n' "$list" | grep -c "^[0-9][0-9]*,$4,")
   cpids=$(printf '%s\\n' "$list" | sed -n "s/^\\([0-9][0-9]*\\),$4,.*/\\1/p" | tr '\\n' ',')
+  cpids=${cpids%,}
+  [ -n "$cpids" ] || cpids=-
   read -r ratio limits <<EOF
 $(printf '%s\\n' "$line" | awk -F, -v ordinals="$3" '{
-  pct = $5; mem = $4; ratio = (pct ~ /^[0-9]+([.][0-9]+)?$/) ? sprintf("%.4g", pct / 100) : (pct == "-" || pct == "" ? "1" : "-")
+  # an unset limit printed in any of the forms the module reads as unset (_v3.readout); a form it cannot read: no sample
+  pct = tolower($5); mem = toupper($4); unset = "^(|-|none|n/a|unset)$"
+  ratio = (pct ~ /^[0-9]+([.][0-9]+)?$/) ? sprintf("%.4g", pct / 100) : (pct ~ unset ? "1" : "-")
   value = "-"
-  if (mem ~ /^[0-9]+[KMG]$/) value = sprintf("%.0f", (mem + 0) * (mem ~ /G$/ ? 1073741824 : mem ~ /M$/ ? 1048576 : 1024))
+  if (mem ~ /^[0-9]+[KMG](I?B)?$/ && mem + 0 > 0) value = sprintf("%.0f", (mem + 0) * (mem ~ /G/ ? 1073741824 : mem ~ /M/ ? 1048576 : 1024))
   limits = ""
   for (i = 1; i <= ordinals; i++) limits = limits (i > 1 ? "," : "") value
   print ratio " " (limits == "" ? "-" : limits)

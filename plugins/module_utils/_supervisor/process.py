@@ -138,9 +138,11 @@ class Daemon:
         """One UI process: the daemon answers, sanely, or this raises (a v3 daemon: it lists the resource's server)."""
         if self.v3_server:
             from .._v3.control import read_v3  # pylint: disable=import-outside-toplevel
-            if not read_v3(self.client, self.v3_server).found:
-                raise MpsError('the MPS v3 control daemon of %s answers, but its server %s is not in its lists (see %s)' % (
-                    self.paths.name, self.v3_server, self.see_log))
+            seen = read_v3(self.client, self.v3_server)
+            if not seen.ready:
+                raise MpsError('the MPS v3 control daemon of %s answers, but its server %s is %s (see %s)' % (
+                    self.paths.name, self.v3_server, 'not Ready (%s)' % seen.status if seen.found else 'not in its lists',
+                    self.see_log))
             self.answered = True
             return 100.0
         answer = self.check_answer(self.query([SENTINEL])[0])
@@ -282,7 +284,8 @@ class Daemon:
         try:
             self.client.timeout = self.stop_timeout + self.start_timeout
             if v3:
-                # quit is a legacy word; v3 has -q, which takes no timeout (inferred: whether it waits for clients is [U])
+                # quit is a legacy word; v3 has -q ("Quit and stop the control daemon and all running servers", r580's -q is
+                # another option), which takes no timeout (whether it waits for clients is [U])
                 rc, text = self.client.argv(['-q'])
                 rejected = text if rc != 0 else None
             else:

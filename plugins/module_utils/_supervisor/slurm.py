@@ -155,8 +155,7 @@ refuse() {
   exit 1
 }
 
-# $1: a GPU index -> resource, pipe, client (the directory a job is given: pipe, or an MPS v3 resource's server
-# directory), log, ordinal (its number among the daemon's GPUs), mib (its memory)
+# $1: a GPU index -> resource, pipe, log, ordinal (its number among the daemon's GPUs), mib (its memory)
 serve() {
   case $1 in
 @CASES@
@@ -189,7 +188,7 @@ esac
 set -f
 old_ifs=$IFS
 IFS=,
-served_by='' served_pipe='' served_client='' served_log='' ordinals='' limits=''
+served_by='' served_pipe='' served_log='' ordinals='' limits=''
 for gpu in $gpus; do
   case $gpu in
     ''|*[!0-9]*) refuse "Slurm gave this job the GPUs '$gpus': not a list of GPU indices" ;;
@@ -198,7 +197,7 @@ for gpu in $gpus; do
   if [ -n "$served_by" ] && [ "$served_by" != "$resource" ]; then
     refuse "GPUs $gpus of this job are served by different MPS daemons under $root ($served_by, $resource): an MPS client reaches one"
   fi
-  served_by=$resource served_pipe=$pipe served_client=$client served_log=$log
+  served_by=$resource served_pipe=$pipe served_log=$log
   ordinals=${ordinals:+$ordinals,}$ordinal
   limits=${limits:+$limits,}$ordinal=$((mib * share / 100))M
 done
@@ -206,12 +205,11 @@ IFS=$old_ifs
 set +f
 
 running "$served_pipe" || refuse "the MPS daemon of GPU $gpus (resource $served_by, $served_pipe) under $root is not running"
-[ -S "$served_client/control" ] || refuse "the MPS v3 server of GPU $gpus (resource $served_by, $served_client) under $root is not there"
 if [ "$memory_share" = 1 ] && [ "$share" -lt 1 ]; then
   refuse "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$pct is not a percentage of at least 1: no GPU memory share to pin"
 fi
 
-printf 'export CUDA_MPS_PIPE_DIRECTORY=%s\n' "$served_client"
+printf 'export CUDA_MPS_PIPE_DIRECTORY=%s\n' "$served_pipe"
 printf 'export CUDA_MPS_LOG_DIRECTORY=%s\n' "$served_log"
 printf 'export CUDA_VISIBLE_DEVICES=%s\n' "$ordinals"
 if [ "$memory_share" = 1 ]; then
@@ -219,6 +217,26 @@ if [ "$memory_share" = 1 ]; then
 fi
 exit 0
 """
+
+# Where a resource runs MPS v3 (its entry has protocol: 3) a job is given its server's directory, not the pipe
+# directory (whose main socket routes a client to an automatic uid_<uid> server): these replace their legacy lines in that
+# host's TaskProlog only; the others stay byte for byte.
+V3_REPLACEMENTS = (
+    (r"""# $1: a GPU index -> resource, pipe, log, ordinal (its number among the daemon's GPUs), mib (its memory)""",
+     r"""# $1: a GPU index -> resource, pipe, client (the directory a job is given: pipe, or an MPS v3 resource's server
+# directory), log, ordinal (its number among the daemon's GPUs), mib (its memory)"""),
+    (r"""served_by='' served_pipe='' served_log='' ordinals='' limits=''""",
+     r"""served_by='' served_pipe='' served_client='' served_log='' ordinals='' limits=''"""),
+    (r"""  served_by=$resource served_pipe=$pipe served_log=$log""",
+     r"""  served_by=$resource served_pipe=$pipe served_client=$client served_log=$log"""),
+    (r"""running "$served_pipe" || refuse "the MPS daemon of GPU $gpus (resource $served_by, $served_pipe) under $root is not running"
+""",
+     r"""running "$served_pipe" || refuse "the MPS daemon of GPU $gpus (resource $served_by, $served_pipe) under $root is not running"
+[ -S "$served_client/control" ] || refuse "the MPS v3 server of GPU $gpus (resource $served_by, $served_client) under $root is not there"
+"""),
+    (r"""printf 'export CUDA_MPS_PIPE_DIRECTORY=%s\n' "$served_pipe" """[:-1],
+     r"""printf 'export CUDA_MPS_PIPE_DIRECTORY=%s\n' "$served_client" """[:-1]),
+)
 
 
 def render_task_prolog(root: str, resources: t.Sequence[t.Mapping[str, t.Any]], *, memory_share: bool = False) -> str:
@@ -239,13 +257,14 @@ def render_task_prolog(root: str, resources: t.Sequence[t.Mapping[str, t.Any]], 
     parsed = _resources(resources, memory=memory_share)
     cases = []
     served = []
+    v3 = any(resource.client_pipe_dir != resource.pipe_dir for resource in parsed)
     for resource in parsed:
         indices = ', '.join(str(gpu.index) for gpu in resource.gpus)
         served.append('#   %s: GPU%s %s (%s)' % (resource.name, 's' if len(resource.gpus) > 1 else '', indices, resource.client_pipe_dir))
         for gpu in resource.gpus:
-            cases.append("    %d) resource='%s' pipe='%s' client='%s' log='%s' ordinal=%d mib=%d ;;" % (
-                gpu.index, resource.name, resource.pipe_dir, resource.client_pipe_dir, resource.log_dir, gpu.ordinal,
-                gpu.memory_mib or 0))
+            client = " client='%s'" % resource.client_pipe_dir if v3 else ''
+            cases.append("    %d) resource='%s' pipe='%s'%s log='%s' ordinal=%d mib=%d ;;" % (
+                gpu.index, resource.name, resource.pipe_dir, client, resource.log_dir, gpu.ordinal, gpu.memory_mib or 0))
     cases.sort(key=lambda line: int(line.split(')', 1)[0]))
     replacements = {
         '@MANAGED@': MANAGED,
@@ -259,6 +278,8 @@ def render_task_prolog(root: str, resources: t.Sequence[t.Mapping[str, t.Any]], 
         '@DAEMON_COMM@': DAEMON_COMM,
     }
     text = TASK_PROLOG_TEMPLATE
+    for legacy, v3_text in V3_REPLACEMENTS if v3 else ():
+        text = text.replace(legacy, v3_text)
     for key, value in replacements.items():
         text = text.replace(key, value)
     return text

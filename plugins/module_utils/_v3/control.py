@@ -14,9 +14,8 @@ import typing as t
 from .._errors import ControlCommandError, DaemonNotRunningError, DaemonTimeoutError, MpsError
 from .readout import V3Readout, client_list, namespace_list, parse_clients, parse_namespaces
 
-QUIT = ['-q']
 # How long a daemon that answers may go on not listing the resource's server before its start is failed.
-SERVER_GRACE = 2.0  # "Quit and stop the control daemon and all running servers" [ref 1.2]; r580's -q is something else
+SERVER_GRACE = 2.0
 
 
 def _not_found(text: str, server: str) -> bool:
@@ -63,8 +62,8 @@ def wait_server(client: t.Any, server: str, timeout: float, sleep: t.Callable[[f
             seen = read_v3(client, server)
         except DaemonNotRunningError:
             seen = None
-        if seen is not None and seen.found and seen.status.lower() in ('ready', ''):
-            return seen  # "Ready" as the documented list shows a running server [ref 1.3]; the health check asks the same
+        if seen is not None and seen.ready:
+            return seen
         if seen is not None and not seen.found:
             # whether -d returns before the file is applied is unknown [U]: a short grace, not the whole timeout
             missing_since = time.monotonic() if missing_since is None else missing_since

@@ -70,6 +70,12 @@ class V3Readout:
     unreadable: t.Tuple[str, ...] = ()
     clients: t.Tuple[t.Tuple[int, str], ...] = ()  # (pid, namespace)
 
+    @property
+    def ready(self) -> bool:
+        """Listed and Ready, as the documented lists show a running server [ref 1.3] (any case): what the health check and
+        its metrics ask too."""
+        return self.found and self.status.strip().lower() == 'ready'
+
     def attached(self, namespace: str) -> t.List[int]:
         return [pid for pid, where in self.clients if where == namespace]
 

@@ -914,3 +914,31 @@ def test_the_clients_are_counted_by_owner(sim, sim_clients) -> None:
     for client in clients:
         expected[attribute(client.pid)['owner']] += 1
     assert counts == expected and sum(counts.values()) == 2
+
+
+@pytest.mark.parametrize('row, said', [
+    # Ready in any case, spaces after the commas, unset limits in any form the module reads as unset: answering
+    ('default,shared,Ready,4G,25.00,-,/p', '1 1 0.25 1 2 4294967296,4294967296 11,12'),
+    ('default, shared, READY, -, n/a, normal, /p', '1 1 1 1 2 -,- 11,12'),
+    ('default,shared,Ready,4GiB,unset,0,/p', '1 1 1 1 2 4294967296,4294967296 11,12'),
+    ('default,shared,Ready,0M,-,0,/p', '1 1 1 1 2 -,- 11,12'),
+    # a percentage in a form not understood: answering, but no ratio sample (never "-" as a value)
+    ('default,shared,Ready,-,lots,0,/p', '1 1 - 1 2 -,- 11,12'),
+    # Starting, or not listed: not answering (the plain check and the module agree: _v3.readout.V3Readout.ready)
+    ('default,shared,Starting,-,-,-,/p', '0 0 - - - - -'),
+    ('default,other,Ready,-,-,-,/p', '0 0 - - - - -'),
+])
+def test_a_v3_daemons_answer_read_as_the_module_reads_it(tmp_path, row: str, said: str) -> None:
+    """Found by review: every printed form the module tolerates reads the same in the metrics script, and nothing it
+    cannot read becomes a sample value node_exporter would refuse (the whole file with it)."""
+    control = tmp_path / 'control'
+    control.write_text('#!/bin/sh\ncase "$1" in\n  namespace) printf "%%s\\n" "%s" ;;\n'
+                       '  client) printf "11,shared,0,default,a\\n12, shared,1,small,b\\n" ;;\nesac\n' % row)
+    control.chmod(0o755)
+    script = render_metrics_script('/r', '/e', '/w', 3, '/m', v3=True)
+    start = script.index('ask_v3() {')
+    function = script[start:script.index('\n}\n', start) + 3]
+    proc = subprocess.run(['sh', '-c', 'timeout_s=5; errors=/dev/null\n' + function + 'ask_v3 /p "$1" 2 shared; '
+                           'echo "$answered $complete $ratio $servers $clients $limits $cpids"', 'sh', str(control)],
+                          capture_output=True, text=True, check=True, timeout=30)
+    assert proc.stdout.split() == said.split(), proc.stdout

@@ -267,3 +267,21 @@ def test_a_mig_device_is_refused_with_v3(host):
     assert result.get('failed') and not result.get('changed'), result
     assert 'resources[train].devices' in result['msg'] and 'MIG device' in result['msg'], result['msg']
     assert not host.daemons()
+
+
+def test_without_its_record_a_v3_daemon_named_by_its_environment_file_is_still_v3(host):
+    """Found by review: /run lost the record at a boot while systemd started the daemon again from its environment file
+    (MPS_V3_SERVER names its server). mps_daemon still refuses to start or restart it as a legacy daemon, and mps_host
+    switching the resource to the legacy protocol restarts it as such - never a legacy word to the v3 daemon."""
+    _r615()
+    host.ok([entry()])
+    pid = list(host.daemons())[0]
+    os.unlink(os.path.join(host.root, 'train', '.started'))
+    with open(os.path.join(host.etc, 'train.env'), 'w', encoding='utf-8') as handle:  # as the systemd unit's file has it
+        handle.write('# test\nCUDA_MPS_PIPE_DIRECTORY=%s\nMPS_V3_SERVER=train\n' % host.pipe('train'))
+    started = host.module('mps_daemon', name='train', devices=[0], check=True)
+    assert started.get('failed') and 'runs MPS v3 (server train)' in started['msg'] and list(host.daemons()) == [pid], started
+    legacy = [{'name': 'train', 'devices': [0], 'active_thread_percentage': 40}]
+    result = twice(host, legacy)
+    assert result['resources'][0]['restarted'] and list(host.daemons()) != [pid], result['actions']
+    assert not os.path.exists(os.path.join(host.etc, 'train.mps.toml')) and not os.path.exists(os.path.join(host.pipe('train'), 'train'))
