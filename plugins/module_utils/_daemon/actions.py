@@ -145,7 +145,12 @@ class DaemonActions:
         v3 = (record is not None and record.protocol == 3) or run.view.protocols.get(state.pid) == 3
         server_dir = self._server_dir(record) if v3 else ''
 
+        # a v3 stop that ends clients (busy=terminate) deletes the server with --force first (-q's way with them is unknown)
+        end_server = os.path.basename(server_dir) if server_dir and run.planned.ends_clients else ''
+
         def stop() -> None:
+            if end_server:
+                run.daemon.end_v3_server(end_server)
             if by_systemd:
                 systemctl.stop(run.unit)  # type: ignore[union-attr]
             else:

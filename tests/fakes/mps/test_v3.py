@@ -260,7 +260,7 @@ def test_the_gpu_questions_play_against_the_simulator(tmp_path) -> None:
     out = str(tmp_path / 'v3.json')
     proc = subprocess.run([PYTHON, script, '--simulated', '--json', out], capture_output=True, text=True, timeout=180, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert 'SUMMARY: 50 questions, 50 played per side' in proc.stdout
+    assert 'SUMMARY: 57 questions, 57 played per side' in proc.stdout
     with open(out, encoding='utf-8') as handle:
         answers = {item['id']: item for item in json.load(handle)['sides']['simulator']}
     assert answers['namespace-set-attached']['rc'] == 1 and answers['procs-after-quit']['data'] == []

@@ -285,3 +285,19 @@ def test_without_its_record_a_v3_daemon_named_by_its_environment_file_is_still_v
     result = twice(host, legacy)
     assert result['resources'][0]['restarted'] and list(host.daemons()) != [pid], result['actions']
     assert not os.path.exists(os.path.join(host.etc, 'train.mps.toml')) and not os.path.exists(os.path.join(host.pipe('train'), 'train'))
+
+
+@pytest.mark.parametrize('busy', ['refuse', 'terminate'])
+def test_a_v3_daemon_with_clients_is_stopped_as_busy_says(host, warnings, busy):
+    """A teardown with a client attached: refused, or - busy=terminate - its server deleted with --force first (which
+    ends its clients [mps-v3-reference 1.3]; what -q does to attached clients is unknown), then -q."""
+    _r615()
+    host.ok([entry()])
+    proc, _info = client_at(host, os.path.join(host.pipe('train'), 'train', 'small'))
+    result = host.run([], state='absent', busy=busy)
+    if busy == 'refuse':
+        assert result.get('failed') and 'busy' in result['msg'] and host.daemons(), result
+        return
+    assert not result.get('failed') and not host.daemons(), result
+    assert any('ends its 1 connected client(s)' in warning for warning in warnings(result)), warnings(result)
+    host.leave(proc)
