@@ -292,8 +292,8 @@ class Facts:
         if 'servers' in facts:
             facts['clients_by_owner'] = owner_counts(clients)
         if not readout.ready:
-            facts['error'] = 'its MPS v3 server %s is %s' % (readout.server, 'not Ready (%s)' % readout.status if readout.found
-                                                           else 'not in its lists')
+            state = 'not Ready (%s)' % readout.status if readout.found else 'not in its lists'
+            facts['error'] = 'its MPS v3 server %s is %s' % (readout.server, state)
             self.warnings.append('the MPS v3 control daemon of %s (pid %s) runs, but %s%s' % (
                 paths.name, facts['pid'], facts['error'], '' if readout.found else ': gpufleet.mps.mps_host starts it again'))
 
