@@ -55,7 +55,7 @@ def probe(run: DaemonRun, view: t.Any, state: str, *, shm: bool, ordinals: t.Opt
     running = seen.liveness.running and seen.liveness.pid
     if running and ordinals is not None and paths.name not in view.readouts and paths.name not in view.v3:
         readout = read_daemon(view, paths.name, daemon.query, ordinals, seen.liveness.pid, client=daemon.client, config=run.config)
-        daemon.answered = getattr(readout, 'ready', True)  # a v3 daemon: its server listed Ready
+        daemon.answered = getattr(readout, 'ready', None) is not False  # a v3 daemon: its server listed Ready
     if running:
         read_process(view, seen.liveness.pid, paths.shm_dir, record_known=seen.problem is None and seen.record is not None)
     if run.selinux_type:

@@ -65,7 +65,7 @@ def observe(host: t.Any, listed: t.List[t.Any]) -> t.Tuple[HostView, t.List[t.An
                 readout = read_daemon(view, name, manager.daemon.query, 0, seen.liveness.pid, client=manager.daemon.client,
                                       config=manager.run.config, server=manager.daemon.v3_server)
                 # a v3 daemon answered the health question where it lists its server Ready
-                manager.daemon.answered = getattr(readout, 'ready', True)
+                manager.daemon.answered = getattr(readout, 'ready', None) is not False
     for res in removed:
         managers[res.name].probe(view, 'absent', shm=False, ordinals=None)
     read_orphan_servers(view)
