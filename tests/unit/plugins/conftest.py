@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
 import signal
 import subprocess
 import tempfile
@@ -70,6 +71,22 @@ def simhost(nvml_lib, gpu_host, monkeypatch):
         except (OSError, ValueError):
             pass
     shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def r615(simhost):
+    """A function that makes the simulated host's driver r615 (CUDA 13.4, binary version 13040): from there the simulated
+    control binary speaks MPS v3 (tests/fakes/mps/mps_v3.py). Called after any other change of the GPU set."""
+    del simhost  # the host whose FAKE_NVML_CONFIG it changes
+
+    def make():
+        path = os.environ['FAKE_NVML_CONFIG']
+        with open(path, encoding='utf-8') as handle:
+            text = handle.read()
+        with open(path, 'w', encoding='utf-8') as handle:
+            handle.write(re.sub(r'(?m)^cuda_driver_version = .*$', 'cuda_driver_version = 13040',
+                                re.sub(r'(?m)^driver_version = .*$', 'driver_version = 615.71.09', text)))
+    return make
 
 
 @pytest.fixture

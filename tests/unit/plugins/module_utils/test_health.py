@@ -121,14 +121,10 @@ def test_a_stopped_daemon_of_an_enabled_unit_withdraws_the_mark(health):
     assert not health.ready
 
 
-def test_a_v3_daemon_is_healthy_while_it_lists_its_server(health):
+def test_a_v3_daemon_is_healthy_while_it_lists_its_server(health, r615):
     """A v3 resource (MPS_V3_SERVER in its environment file) is asked with v3 words - never the legacy question, which a
     v3 daemon refuses - and is healthy while it lists its server Ready (issue 43)."""
-    import re  # pylint: disable=import-outside-toplevel
-    with open(os.environ['FAKE_NVML_CONFIG'], encoding='utf-8') as handle:
-        text = handle.read()
-    with open(os.environ['FAKE_NVML_CONFIG'], 'w', encoding='utf-8') as handle:
-        handle.write(re.sub(r'(?m)^cuda_driver_version = .*$', 'cuda_driver_version = 13040', text))
+    r615()
     gpus = _uuids()
     legacy_script = render_health(health.root, health.etc, health.units, interval=30, timeout=2, script=health.script)[health.script]
     files = render_health(health.root, health.etc, health.units, interval=30, timeout=2, script=health.script, v3=True)

@@ -822,15 +822,11 @@ def test_a_root_without_daemons_and_a_metrics_dir_that_cannot_be_written(fakes) 
     assert fakes.ready and _errors(fakes.read()) == {'train': ''} and os.listdir(fakes.metrics) == [METRICS_FILE]
 
 
-def test_a_v3_daemon_is_asked_with_v3_words_and_reports_its_server(sim, sim_clients) -> None:
+def test_a_v3_daemon_is_asked_with_v3_words_and_reports_its_server(sim, sim_clients, r615) -> None:
     """A v3 resource (MPS_V3_SERVER in its environment file): its namespace and client lists, never the legacy batch
     a v3 daemon refuses; its default namespace's limits as the default ones; gone from the lists is a bad answer (issue 43)."""
-    import re  # pylint: disable=import-outside-toplevel
     from ansible_collections.gpufleet.mps.plugins.module_utils._v3.spec import NamespaceLimits, V3Spec
-    with open(os.environ['FAKE_NVML_CONFIG'], encoding='utf-8') as handle:
-        text = handle.read()
-    with open(os.environ['FAKE_NVML_CONFIG'], 'w', encoding='utf-8') as handle:
-        handle.write(re.sub(r'(?m)^cuda_driver_version = .*$', 'cuda_driver_version = 13040', text))
+    r615()
     gpus = _uuids()
     sim.render(10, v3=True)
     sim.start('train', gpus[:1])

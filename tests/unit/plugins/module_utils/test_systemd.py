@@ -277,16 +277,15 @@ def _unit_shell(unit: str, key: str) -> str:
 
 
 @pytest.mark.parametrize('v3', [False, True])
-def test_the_units_start_and_stop_speak_the_daemons_protocol(simhost, v3):
+def test_the_units_start_and_stop_speak_the_daemons_protocol(simhost, r615, v3):
     """ExecStart and ExecStop as systemd runs them, from the environment file, against the simulated r615 binary: a v3
     resource starts with -p 3 -a <file> and stops with -q; a legacy one as always (issue 43)."""
     import re  # pylint: disable=import-outside-toplevel
     from ansible_collections.gpufleet.mps.plugins.module_utils._resource.layout import config_paths, resource_paths
     from ansible_collections.gpufleet.mps.plugins.module_utils._v3.spec import NamespaceLimits, V3Spec
+    r615()
     with open(os.environ['FAKE_NVML_CONFIG'], encoding='utf-8') as handle:
         text = handle.read()
-    with open(os.environ['FAKE_NVML_CONFIG'], 'w', encoding='utf-8') as handle:
-        handle.write(re.sub(r'(?m)^cuda_driver_version = .*$', 'cuda_driver_version = 13040', text))
     uuid = re.search(r'(?m)^uuid = (\S+)$', text).group(1)
     binary = str(simhost / 'host' / 'bin' / 'nvidia-cuda-mps-control')
     paths = resource_paths(str(simhost / 'root'), 'train')  # short: the sockets' paths must fit

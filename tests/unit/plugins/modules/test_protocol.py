@@ -12,16 +12,6 @@ import subprocess
 import pytest
 
 
-def _binary_13040():
-    """The simulated driver of this host as r615 (binary 13040): the control binary speaks protocol 3."""
-    path = os.environ['FAKE_NVML_CONFIG']
-    with open(path, encoding='utf-8') as handle:
-        text = handle.read()
-    with open(path, 'w', encoding='utf-8') as handle:
-        handle.write(re.sub(r'(?m)^cuda_driver_version = .*$', 'cuda_driver_version = 13040',
-                            re.sub(r'(?m)^driver_version = .*$', 'driver_version = 615.71.09', text)))
-
-
 def _start_by_hand(host, name, *args, env=None):
     """A daemon started in the resource's pipe directory by hand, as an operator (or another tool) would."""
     environ = {key: value for key, value in os.environ.items() if not key.startswith('CUDA_MPS_')}
@@ -36,9 +26,9 @@ def _start_by_hand(host, name, *args, env=None):
         return int(handle.read())
 
 
-def _v3_in_place_of_train(host, *args, env=None):
+def _v3_in_place_of_train(host, r615, *args, env=None):
     """train provisioned (legacy) and torn down, then a v3 daemon started by hand in its pipe directory: its pid."""
-    _binary_13040()
+    r615()
     host.ok([{'name': 'train', 'devices': [0]}])
     first = list(host.daemons())
     host.ok([], state='absent')  # the legacy daemon gone, its directories with it; made again by hand below
@@ -49,9 +39,9 @@ def _v3_in_place_of_train(host, *args, env=None):
 
 
 @pytest.mark.parametrize('how', [('-p', '3'), ('--protocol', '3'), ('env',)])
-def test_a_v3_daemon_of_a_legacy_resource_is_refused_and_left_as_it_is(host, warnings, how):
+def test_a_v3_daemon_of_a_legacy_resource_is_refused_and_left_as_it_is(host, warnings, r615, how):
     env = {'CUDA_MPS_PROTOCOL_VERSION': '3'} if how == ('env',) else None
-    pid = _v3_in_place_of_train(host, *(() if how == ('env',) else how), env=env)
+    pid = _v3_in_place_of_train(host, r615, *(() if how == ('env',) else how), env=env)
     for check in (True, False):
         result = host.run([{'name': 'train', 'devices': [0]}], check=check)
         assert result.get('failed') and not result.get('changed'), result
@@ -71,15 +61,15 @@ def test_a_legacy_daemon_reports_protocol_2(host):
     assert [d['protocol'] for d in info['daemons']] == [2] and not info['daemons'][0]['error']
 
 
-def test_mps_limits_refuses_too(host):
-    pid = _v3_in_place_of_train(host, '-p', '3')
+def test_mps_limits_refuses_too(host, r615):
+    pid = _v3_in_place_of_train(host, r615, '-p', '3')
     result = host.module('mps_limits', name='train', active_thread_percentage=50)
     assert result.get('failed') and 'started with MPS protocol 3' in result['msg'] and not result.get('changed'), result
     assert list(host.daemons()) == [pid]
 
 
-def test_mps_info_reports_the_protocol_without_a_control_binary(host, monkeypatch):
-    _v3_in_place_of_train(host, '--protocol', '3')
+def test_mps_info_reports_the_protocol_without_a_control_binary(host, monkeypatch, r615):
+    _v3_in_place_of_train(host, r615, '--protocol', '3')
     monkeypatch.setenv('PATH', '/usr/bin:/bin')  # no nvidia-cuda-mps-control to be found: the daemon cannot be asked
     info = host.result(host.start_module('mps_info', {'root': host.root, 'config_dir': host.etc, 'gather': ['daemons']}))
     (daemon,) = [d for d in info['daemons'] if d['name'] == 'train']

@@ -10,20 +10,10 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 from pathlib import Path
 
 import pytest
-
-
-def _r615():
-    path = os.environ['FAKE_NVML_CONFIG']
-    with open(path, encoding='utf-8') as handle:
-        text = handle.read()
-    with open(path, 'w', encoding='utf-8') as handle:
-        handle.write(re.sub(r'(?m)^cuda_driver_version = .*$', 'cuda_driver_version = 13040',
-                            re.sub(r'(?m)^driver_version = .*$', 'driver_version = 615.71.09', text)))
 
 
 UID = os.geteuid()
@@ -64,8 +54,8 @@ def twice(host, resources, **options):
     return applied
 
 
-def test_a_v3_resource_end_to_end(host):
-    _r615()
+def test_a_v3_resource_end_to_end(host, r615):
+    r615()
     result = twice(host, [entry()])
     assert result['changed'] and any('MPS v3, server train' in action for action in result['actions']), result['actions']
     res = result['resources'][0]
@@ -149,8 +139,8 @@ def _wait_gone(pid):
     ({'namespaces': [{'name': 'a'}, {'name': 'a'}]}, 'resources[train].namespaces', 'listed twice'),
     ({'protocol': 'legacy'}, 'resources[train].uid', 'needs protocol: 3'),
 ])
-def test_refusals_before_any_change(host, bad, param, words):
-    _r615()
+def test_refusals_before_any_change(host, r615, bad, param, words):
+    r615()
     result = host.run([entry(**bad)])
     assert result.get('failed') and not result.get('changed'), result
     assert param in result['msg'] and words in result['msg'], result['msg']
@@ -164,17 +154,17 @@ def test_v3_refused_where_the_binary_has_none(host):
     assert not host.daemons()
 
 
-def test_a_colliding_server_name_is_refused(host):
-    _r615()
+def test_a_colliding_server_name_is_refused(host, r615):
+    r615()
     result = host.run([entry(), dict(entry(name='other', devices=[1]), server='train')])
     assert result.get('failed') and 'resources[other].server' in result['msg'] and "'train'" in result['msg'], result['msg']
     assert not host.daemons()
 
 
-def test_the_other_modules_face_a_v3_resource(host):
+def test_the_other_modules_face_a_v3_resource(host, r615):
     """mps_info reports the server, its namespaces and whose each client is; mps_limits and mps_daemon (which manage legacy
     daemons) refuse to start or change it; mps_daemon state=absent stops it with -q and restores the GPU."""
-    _r615()
+    r615()
     host.ok([entry()])
     pid = list(host.daemons())[0]
     server_dir = os.path.join(host.pipe('train'), 'train')
@@ -199,8 +189,8 @@ def test_the_other_modules_face_a_v3_resource(host):
     assert host.compute_modes()[0] == 0  # DEFAULT again
 
 
-def test_switching_protocols_restarts_and_leaves_no_file_of_the_other(host):
-    _r615()
+def test_switching_protocols_restarts_and_leaves_no_file_of_the_other(host, r615):
+    r615()
     host.ok([{'name': 'train', 'devices': [0], 'active_thread_percentage': 40}])
     legacy = list(host.daemons())[0]
     assert os.path.exists(os.path.join(host.etc, 'train.limits.json'))
@@ -214,11 +204,11 @@ def test_switching_protocols_restarts_and_leaves_no_file_of_the_other(host):
     assert not again['changed'], again['actions']
 
 
-def test_a_lost_record_a_crash_and_empty_v3_keys(host):
+def test_a_lost_record_a_crash_and_empty_v3_keys(host, r615):
     """Found by review: a v3 daemon whose start record is gone (/run emptied at a boot while systemd started it again, or
     a start that failed after it came up) is still the resource's own and read with v3 words, not refused; after a crash
     state=absent leaves none of the server's directories; an empty namespaces list is no request for v3."""
-    _r615()
+    r615()
     host.ok([entry()])
     pid = list(host.daemons())[0]
     os.unlink(os.path.join(host.root, 'train', '.started'))
@@ -235,8 +225,8 @@ def test_a_lost_record_a_crash_and_empty_v3_keys(host):
     assert legacy['resources'][0]['env']['CUDA_MPS_PIPE_DIRECTORY'] == host.pipe('train')
 
 
-def test_a_thread_percentage_v3_refuses_is_refused_first(host):
-    _r615()
+def test_a_thread_percentage_v3_refuses_is_refused_first(host, r615):
+    r615()
     for bad, param in ((entry(active_thread_percentage=0.5, namespaces=[]), 'resources[train].active_thread_percentage'),
                        (entry(namespaces=[{'name': 'tiny', 'active_thread_percentage': 0.5}]),
                         'resources[train].namespaces[tiny].active_thread_percentage')):
@@ -246,9 +236,9 @@ def test_a_thread_percentage_v3_refuses_is_refused_first(host):
         assert not os.path.exists(os.path.join(host.etc, 'train.mps.toml'))
 
 
-def test_the_hosts_protocol_is_that_of_every_entry_that_gives_none(host):
+def test_the_hosts_protocol_is_that_of_every_entry_that_gives_none(host, r615):
     """mps_host's protocol (the fleet role's mps_protocol) for the entries without their own; an entry's own wins."""
-    _r615()
+    r615()
     bare = {key: value for key, value in entry().items() if key != 'protocol'}
     result = host.ok([bare, {'name': 'old', 'devices': [1], 'protocol': 'legacy'}], protocol='3')
     assert [res['protocol'] for res in result['resources']] == ['3', 'legacy'], result['resources']
@@ -257,23 +247,23 @@ def test_the_hosts_protocol_is_that_of_every_entry_that_gives_none(host):
     assert refused.get('failed') and 'resources[train].uid' in refused['msg'], refused
 
 
-def test_a_mig_device_is_refused_with_v3(host):
+def test_a_mig_device_is_refused_with_v3(host, r615):
     """How v3 servers map onto MIG instances is unknown (mps-v3-reference 1.11): refused, naming the device."""
     shipped = Path(__file__).resolve().parents[3] / 'fakes' / 'nvml' / 'configs' / 'h100x1-mig.ini'
     with open(os.environ['FAKE_NVML_CONFIG'], 'w', encoding='utf-8') as handle:
         handle.write(shipped.read_text(encoding='utf-8'))
-    _r615()
+    r615()
     result = host.run([entry(devices=['0:0'], namespaces=[])])
     assert result.get('failed') and not result.get('changed'), result
     assert 'resources[train].devices' in result['msg'] and 'MIG device' in result['msg'], result['msg']
     assert not host.daemons()
 
 
-def test_without_its_record_a_v3_daemon_named_by_its_environment_file_is_still_v3(host):
+def test_without_its_record_a_v3_daemon_named_by_its_environment_file_is_still_v3(host, r615):
     """Found by review: /run lost the record at a boot while systemd started the daemon again from its environment file
     (MPS_V3_SERVER names its server). mps_daemon still refuses to start or restart it as a legacy daemon, and mps_host
     switching the resource to the legacy protocol restarts it as such - never a legacy word to the v3 daemon."""
-    _r615()
+    r615()
     host.ok([entry()])
     pid = list(host.daemons())[0]
     os.unlink(os.path.join(host.root, 'train', '.started'))
@@ -288,10 +278,10 @@ def test_without_its_record_a_v3_daemon_named_by_its_environment_file_is_still_v
 
 
 @pytest.mark.parametrize('busy', ['refuse', 'terminate'])
-def test_a_v3_daemon_with_clients_is_stopped_as_busy_says(host, warnings, busy):
+def test_a_v3_daemon_with_clients_is_stopped_as_busy_says(host, warnings, r615, busy):
     """A teardown with a client attached: refused, or - busy=terminate - its server deleted with --force first (which
     ends its clients [mps-v3-reference 1.3]; what -q does to attached clients is unknown), then -q."""
-    _r615()
+    r615()
     host.ok([entry()])
     proc, _info = client_at(host, os.path.join(host.pipe('train'), 'train', 'small'))
     result = host.run([], state='absent', busy=busy)
