@@ -17,7 +17,6 @@ from .._supervisor.unit import (
     SHM_DROPIN,
     UNIT_NAME,
     V3_DROPIN,
-    V3_DROPIN_TEMPLATE,
     render_env,
     render_foreground_dropin,
     render_order_dropin,
@@ -27,6 +26,12 @@ from .._supervisor.unit import (
     unit_environment,
 )
 from .model import DaemonRun, Wanted, record_start
+
+
+def _v3_dropin() -> str:
+    """An MPS v3 resource's drop-in (imported only for one: a legacy host never compiles it)."""
+    from .._supervisor.v3_variants import DROPIN_V3  # pylint: disable=import-outside-toplevel
+    return DROPIN_V3
 
 
 class UnitFiles:
@@ -67,7 +72,7 @@ class UnitFiles:
             self.pidfile_dropin_path: (None if wanted.foreground else
                                        render_pidfile_dropin(os.path.join(run.paths.pipe_dir, PID_FILE))),
             self.order_dropin_path: render_order_dropin(run.unit_before, run.unit_after),
-            self.v3_dropin_path: V3_DROPIN_TEMPLATE if wanted.v3 is not None else None,
+            self.v3_dropin_path: _v3_dropin() if wanted.v3 is not None else None,
         }
 
     def start(self, wanted: Wanted, out: Outcome, *, restart: bool) -> None:

@@ -44,7 +44,7 @@ from .._supervisor.unit import UNIT_DIR, Systemctl, systemd_is_pid1
 from .around import READY_FILE, Around, check_around, check_paths
 from .decide import decide_ready, order_steps, pending_warning
 from .facts import facts_text, local_facts
-from .observe import V3_WORD, observe, shm_manager
+from .observe import observe, shm_manager
 from .entries import ResourceEntry, resolve_entries
 from .result import planned_resource, resource_result
 
@@ -146,17 +146,10 @@ class HostManager:
             check_around(self.params, self.root, systemd=self.systemctl is not None)
         listed = [_Resource(entry.name, self._setup(entry.name, 'started', entry), entry) for entry in entries]
         for res in listed:
-            if res.entry.v3 is not None:
-                self._check_v3(res)
+            if res.entry.v3 is not None:  # imported here: a legacy fleet never compiles it
+                from .._v3.plan import set_up  # pylint: disable=import-outside-toplevel
+                set_up(res.setup, res.entry.v3)
         return listed
-
-    def _check_v3(self, res: _Resource) -> None:
-        """What a v3 resource cannot have yet, refused before anything is read or changed; its daemon asked with v3 words."""
-        res.setup.daemon.v3_server = res.entry.v3.server
-        if res.setup.container is not None:
-            from .._container import with_engine  # pylint: disable=import-outside-toplevel
-            view = {key: value for key, value in res.setup.container.items() if key != 'engine'}
-            res.setup.container = with_engine(res.entry.v3.container(view, res.setup.paths.pipe_dir))
 
     def removed_setups(self, view: HostView, listed: t.Sequence[_Resource]) -> t.List[_Resource]:
         """The resources the view found (under the root, or with files in the config directory) that are not listed, to be
@@ -352,16 +345,8 @@ class HostManager:
     def _limits(self, res: _Resource) -> t.Any:
         entry = res.entry
         if entry.v3 is not None:
-            from .._v3.plan import V3Run, plan_v3  # pylint: disable=import-outside-toplevel
-            p = self.params
-            daemon = res.setup.daemon
-            if self.view.offers(daemon.binary, V3_WORD) is not True:
-                raise InvalidParameterError('protocol', '3 needs MPS v3 (driver r615, CUDA 13.4, and later), and the help of '
-                                            '"%s -p 3 -h" lists no server module: this binary has no MPS v3%s. Nothing was '
-                                            'changed' % (daemon.binary, '' if self.view.offers(daemon.binary, V3_WORD) is False
-                                                         else ' (or its help could not be read)'))
-            return plan_v3(V3Run(entry.v3, res.name, res.setup.config, daemon.client, p['busy'], p['busy_timeout'], daemon.sleep),
-                           self.view, check_mode=self.check_mode)
+            from .._v3.plan import plan_for_host  # pylint: disable=import-outside-toplevel
+            return plan_for_host(res.name, entry.v3, res.setup, self.params, self.view, check_mode=self.check_mode)
         manager = self.limits_manager(res)
         return manager.plan(entry.active_thread_percentage, entry.pinned_device_mem_limit, entry.replicas, self.params['running_servers'])
 

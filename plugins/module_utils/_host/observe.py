@@ -13,14 +13,11 @@ from __future__ import annotations
 import typing as t
 
 from .._observe.paths import read_paths
-from .._observe.reader import Wants, read_daemon, read_help, read_host, read_orphan_servers, read_units
+from .._observe.reader import V3_HELP_WORD, Wants, read_daemon, read_help, read_host, read_orphan_servers, read_units
 from .._observe.view import HostView
 from .._proc import read_mountinfo
 from .._supervisor.unit import instance_unit
 from .around import HEALTH_TIMER
-
-# Asked of the binary for each v3 resource: whether the help of -p 3 -h lists the module server (read once per binary).
-V3_WORD = 'v3:server'
 
 
 def observe(host: t.Any, listed: t.List[t.Any]) -> t.Tuple[HostView, t.List[t.Any]]:
@@ -55,7 +52,7 @@ def observe(host: t.Any, listed: t.List[t.Any]) -> t.Tuple[HostView, t.List[t.An
         if res.entry.v3 is None:
             host.limits_manager(res, view=view).probe(view)
         else:
-            read_help(view, res.setup.daemon, V3_WORD)
+            read_help(view, res.setup.daemon, V3_HELP_WORD)
         managers[res.name].probe(view, 'started', shm=p['shm'], ordinals=None)
     for name, seen in sorted(view.resources.items()):
         # A daemon the plan stops or removes, listed or not: its servers' clients, which busy decides about.

@@ -248,6 +248,10 @@ def read_units(view: HostView, systemctl: t.Any, units: t.Sequence[str]) -> None
         view.units[unit] = found[unit] if unit in found else (systemctl.is_active(unit), systemctl.is_enabled(unit))
 
 
+# Asked of the binary for each v3 resource: whether the help of -p 3 -h lists the module server (read once per binary).
+V3_HELP_WORD = 'v3:server'
+
+
 def read_help(view: HostView, daemon: t.Any, word: str) -> t.Optional[bool]:
     """Whether ``daemon``'s binary lists ``word`` in its help text (read once per run and binary)."""
     key = (daemon.binary, word)

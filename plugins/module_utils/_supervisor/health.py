@@ -130,7 +130,8 @@ def render_health(root: str, config_dir: str, unit_dir: str = '/etc/systemd/syst
         content = (SCRIPT_TEMPLATE.replace('@ROOT@', root).replace('@CONFIG_DIR@', config_dir)
                    .replace('@WANTS_DIR@', wants).replace('@TIMEOUT@', str(int(timeout))))
         if v3:
-            content = content.replace(LEGACY_ASK, V3_ASK)
+            from .v3_variants import replaced  # pylint: disable=import-outside-toplevel
+            content = replaced(content, ((LEGACY_ASK, V3_ASK),), 'the health check')
     else:
         # Imported here: only hosts with metrics compile it (AnsiballZ compiles every module imported, on every run).
         from .metrics import render_metrics_script  # pylint: disable=import-outside-toplevel

@@ -6,51 +6,8 @@ script, and what it saw, written to ``<metrics_dir>/gpufleet_mps.prom`` for node
 from __future__ import annotations
 
 # The textfile node_exporter's textfile collector reads (only files named *.prom: the temp file is not one).
-from .._errors import MpsError
 from .health import METRICS_FILE  # noqa: F401  pylint: disable=unused-import
-
-# Why a daemon failed its last check: the values of gpufleet_mps_daemon_error's "reason" label, every one always exported.
-ERROR_REASONS = ('not_running', 'unreachable', 'timeout', 'control_binary', 'ui_failed', 'bad_answer')
-# Every metric of the textfile: name -> (type, labels, HELP). Per resource the labels are root and resource.
-METRICS = {
-    'gpufleet_mps_daemon_up': ('gauge', ('root', 'resource'), (
-        'Whether the MPS control daemon of the resource runs: its pid file or its lock on control_lock names a live '
-        'control daemon of its pipe directory, or it answered (1), or not (0).')),
-    'gpufleet_mps_daemon_answering': ('gauge', ('root', 'resource'), (
-        'Whether the control daemon answered the health question within the timeout (1) or not (0): the ready mark '
-        'needs every enabled daemon of the root to answer.')),
-    'gpufleet_mps_daemon_error': ('gauge', ('root', 'resource', 'reason'), (
-        'Why the last check of the daemon failed: 1 for the reason that applies, 0 for the others, all 0 when it '
-        'answered every question. not_running: no live control daemon; unreachable: it runs, but the control UI '
-        'cannot reach it; timeout: no answer within the timeout; control_binary: the control binary is missing or not '
-        'executable; ui_failed: the control UI failed; bad_answer: an answer the check cannot read.')),
-    'gpufleet_mps_servers': ('gauge', ('root', 'resource'), (
-        'MPS servers the control daemon runs (get_server_list).')),
-    'gpufleet_mps_clients': ('gauge', ('root', 'resource'), (
-        'CUDA clients connected to the MPS servers of the control daemon (get_client_list of each server).')),
-    'gpufleet_mps_clients_by_owner': ('gauge', ('root', 'resource', 'owner'), (
-        'The clients of gpufleet_mps_clients by what owns them, from the cgroup of each: container (the layout of a '
-        'container engine names it), slurm_job (the cgroup of slurmstepd names a Slurm job), host (the slices or scopes '
-        'of systemd on the host), unknown (anything else, or unreadable). Every owner always exported: a bounded set, '
-        'never one series per process.')),
-    'gpufleet_mps_default_active_thread_ratio': ('gauge', ('root', 'resource'), (
-        'Default active thread percentage the control daemon gives new MPS servers, as a ratio (0.25 for 25.0).')),
-    'gpufleet_mps_default_device_pinned_memory_limit_bytes': ('gauge', ('root', 'resource', 'device', 'uuid'), (
-        'Default pinned device memory limit the control daemon gives new MPS servers on a device (its ordinal as the '
-        'daemon sees it), as the daemon reports it: from 1 GiB up in whole GiB, rounded down. Absent where none is '
-        'set.')),
-    'gpufleet_mps_device_info': ('gauge', ('root', 'resource', 'device', 'uuid'), (
-        'A device of the control daemon: its ordinal as the daemon sees it and its UUID (CUDA_VISIBLE_DEVICES). '
-        'Always 1.')),
-    'gpufleet_mps_ready': ('gauge', ('root',), (
-        'Whether <root>/.ready exists after the last check (1): every enabled daemon of the root answered.')),
-    'gpufleet_mps_health_check_timestamp_seconds': ('gauge', ('root',), (
-        'Unix time at which the last health check ended.')),
-    'gpufleet_mps_health_check_duration_seconds': ('gauge', ('root',), (
-        'How long the last health check took.')),
-    'gpufleet_mps_health_check_last_success_timestamp_seconds': ('gauge', ('root',), (
-        'Unix time of the last health check in which every enabled daemon of the root answered.')),
-}
+from .metrics_table import ERROR_REASONS, METRICS
 
 # The script with metrics: SCRIPT_TEMPLATE's checks and ready mark, one control UI process per daemon, and the
 # textfile. Placeholders as SCRIPT_TEMPLATE's, and @METRICS_DIR@, @ROOT_LABEL@ (the root as a label value), and
@@ -386,70 +343,6 @@ echo "gpufleet-mps-health: cannot write the metrics for node_exporter to $prom" 
 exit 1
 """
 
-# Where a resource of the host runs MPS v3 (MPS_V3_SERVER in its environment file) its daemon is asked with v3 words
-# (ask_v3): these replace their legacy lines in that host's script only; the others stay byte for byte.
-V3_REPLACEMENTS = (
-    ("""family() {  # a metric family""",
-     """ask_v3() {  # an MPS v3 daemon (server $4): its namespace and client lists, read into what ask sets (two UI processes)
-  answered=0 complete=0 ratio=- servers=- clients=- unasked=- limits=- cpids=-
-  answer=$(CUDA_MPS_PIPE_DIRECTORY="$1" timeout "$timeout_s" "$2" namespace list --server="$4" --format=csv,noheader 2>"$errors")
-  rc=$?
-  if [ "$rc" -ne 0 ]; then
-    # it answered, refusing (its server is gone: "not found"): not the answer wanted (bad_answer)
-    printf '%s\\n' "$answer" | grep -q "^Error" && rc=0
-    return 0
-  fi
-  # the default namespace's row (spaces after the commas tolerated), the server Ready: what the module and the plain
-  # check call a healthy v3 daemon (_v3.readout.V3Readout.ready)
-  line=$(printf '%s\\n' "$answer" | sed 's/,[[:space:]]*/,/g' | grep -m 1 "^default,$4,")
-  [ -n "$line" ] || return 0
-  printf '%s\\n' "$line" | cut -d, -f3 | grep -qix ready || return 0
-  answered=1
-  list=$(CUDA_MPS_PIPE_DIRECTORY="$1" timeout "$timeout_s" "$2" client list --server="$4" --format=csv,noheader 2>>"$errors")
-  rc=$?
-  [ "$rc" -eq 0 ] || return 0
-  list=$(printf '%s\\n' "$list" | sed 's/,[[:space:]]*/,/g')
-  clients=$(printf '%s\\n' "$list" | grep -c "^[0-9][0-9]*,$4,")
-  cpids=$(printf '%s\\n' "$list" | sed -n "s/^\\([0-9][0-9]*\\),$4,.*/\\1/p" | tr '\\n' ',')
-  cpids=${cpids%,}
-  [ -n "$cpids" ] || cpids=-
-  read -r ratio limits <<EOF
-$(printf '%s\\n' "$line" | awk -F, -v ordinals="$3" '{
-  # an unset limit printed in any of the forms the module reads as unset (_v3.readout); a form it cannot read: no sample
-  pct = tolower($5); mem = toupper($4); unset = "^(|-|none|n/a|unset)$"
-  ratio = (pct ~ /^[0-9]+([.][0-9]+)?$/) ? sprintf("%.4g", pct / 100) : (pct ~ unset ? "1" : "-")
-  value = "-"
-  if (mem ~ /^[0-9]+[KMG](I?B)?$/ && mem + 0 > 0) value = sprintf("%.0f", (mem + 0) * (mem ~ /G/ ? 1073741824 : mem ~ /M/ ? 1048576 : 1024))
-  limits = ""
-  for (i = 1; i <= ordinals; i++) limits = limits (i > 1 ? "," : "") value
-  print ratio " " (limits == "" ? "-" : limits)
-}')
-EOF
-  servers=1 complete=1
-}
-
-family() {  # a metric family"""),
-    ("""  pipe='' control='' devices=''
-  while IFS= read -r line || [ -n "$line" ]; do
-    case $line in
-      CUDA_MPS_PIPE_DIRECTORY=*) pipe=${line#*=} ;;
-      MPS_CONTROL=*) control=${line#*=} ;;""",
-     """  pipe='' control='' devices='' server=''
-  while IFS= read -r line || [ -n "$line" ]; do
-    case $line in
-      CUDA_MPS_PIPE_DIRECTORY=*) pipe=${line#*=} ;;
-      MPS_CONTROL=*) control=${line#*=} ;;
-      MPS_V3_SERVER=*) server=${line#*=} ;;"""),
-    ("""  ask "$pipe" "$control" "$ordinals" "$candidates"
-  if [ "$rc" -eq 0 ] && [ "$complete" = 1 ] && [ "$unasked" != - ]; then""",
-     """  if [ -n "$server" ]; then
-    ask_v3 "$pipe" "$control" "$ordinals" "$server"
-  else
-    ask "$pipe" "$control" "$ordinals" "$candidates"
-  fi
-  if [ -z "$server" ] && [ "$rc" -eq 0 ] && [ "$complete" = 1 ] && [ "$unasked" != - ]; then"""),
-)
-
 
 def label_value(value: str) -> str:
     """``value`` as a label value of Prometheus' text exposition format: backslash, double quote and newline escaped."""
@@ -458,14 +351,14 @@ def label_value(value: str) -> str:
 
 def render_metrics_script(root: str, config_dir: str, wants: str, timeout: int, metrics_dir: str, *, v3: bool = False) -> str:
     """The health check that also writes ``<metrics_dir>/gpufleet_mps.prom`` (arguments checked by the caller); ``v3``: a
-    resource of the host runs MPS v3 (:data:`V3_REPLACEMENTS`)."""
+    resource of the host runs MPS v3 (v3_variants.METRICS_V3)."""
     script = (METRICS_SCRIPT_TEMPLATE.replace('@ROOT_LABEL@', label_value(root)).replace('@ROOT@', root)
               .replace('@CONFIG_DIR@', config_dir).replace('@WANTS_DIR@', wants).replace('@TIMEOUT@', str(int(timeout)))
               .replace('@METRICS_DIR@', metrics_dir).replace('@REASONS@', ' '.join(ERROR_REASONS)))
     for name, (_kind, _labels, text) in METRICS.items():
         script = script.replace('@HELP_%s@' % name, text)
-    for legacy, v3_text in V3_REPLACEMENTS if v3 else ():
-        if script.count(legacy) != 1:
-            raise MpsError('internal error: the metrics script has %d places for its MPS v3 part' % script.count(legacy))
-        script = script.replace(legacy, v3_text)
+    if v3:
+        # Imported here: only a host with a v3 resource compiles it (AnsiballZ compiles what is imported).
+        from .v3_variants import METRICS_V3, replaced  # pylint: disable=import-outside-toplevel
+        script = replaced(script, METRICS_V3, 'the metrics script')
     return script

@@ -278,8 +278,9 @@ def render_task_prolog(root: str, resources: t.Sequence[t.Mapping[str, t.Any]], 
         '@DAEMON_COMM@': DAEMON_COMM,
     }
     text = TASK_PROLOG_TEMPLATE
-    for legacy, v3_text in V3_REPLACEMENTS if v3 else ():
-        text = text.replace(legacy, v3_text)
+    if v3:
+        from .v3_variants import replaced  # pylint: disable=import-outside-toplevel
+        text = replaced(text, V3_REPLACEMENTS, 'the TaskProlog')
     for key, value in replacements.items():
         text = text.replace(key, value)
     return text

@@ -118,9 +118,6 @@ _WAIT = (
     'if [ "$$n" -ge {tries} ]; then echo "gpufleet-mps: the control daemon did not answer within {seconds} s" >&2; exit 1; fi; '
     'sleep 0.2; done; '
 )
-_LEGACY_WAIT_QUESTION = 'until echo get_default_active_thread_percentage | "$$MPS_CONTROL" > /dev/null 2>&1; do'
-_V3_WAIT_QUESTION = ('until "$$MPS_CONTROL" namespace list --server="$$MPS_V3_SERVER" --format=csv,noheader 2> /dev/null '
-                     '| grep -q "^default,$$MPS_V3_SERVER,"; do')
 FOREGROUND_DROPIN_TEMPLATE = """\
 # Managed by the gpufleet.mps Ansible collection (mps_daemon foreground=true). Local changes are overwritten.
 # The control daemon stays in the foreground (-f): what it logs goes to stdout, which systemd sends to the journal
@@ -135,17 +132,6 @@ ExecStartPost=/bin/sh -c '""" + _WAIT + _REPLAY + """'
 
 
 V3_DROPIN = 'gpufleet-v3.conf'
-# quit is a legacy word: a daemon started with -p 3 stops with -q ("Quit and stop the control daemon and all running
-# servers" [mps-v3-reference 1.2]); whether -q waits for clients as quit -t does is unknown. A drop-in of the v3 resources
-# only: the template, which every resource shares, stays as legacy hosts have it.
-V3_DROPIN_TEMPLATE = """\
-# Managed by the gpufleet.mps Ansible collection (mps_host, a resource with protocol: 3). Local changes are overwritten.
-# The daemon runs MPS v3 (started with -p 3 -a <its file>, MPS_DAEMON_ARGS): it is stopped with -q, not with quit.
-[Service]
-ExecStop=
-ExecStop=-/bin/sh -c 'exec "$$MPS_CONTROL" -q'
-"""
-
 ORDER_DROPIN = 'gpufleet-order.conf'
 ORDER_DROPIN_TEMPLATE = """\
 # Managed by the gpufleet.mps Ansible collection (mps_daemon unit_before, unit_after). Local changes are overwritten.
@@ -187,7 +173,10 @@ def render_foreground_dropin(start_timeout: int, *, v3: bool = False) -> str:
     resource's, which waits until the daemon lists its server (MPS_V3_SERVER) - the legacy question is not a v3 word."""
     seconds = max(1, int(start_timeout))
     text = FOREGROUND_DROPIN_TEMPLATE.format(tries=seconds * 5, seconds=seconds)
-    return text.replace(_LEGACY_WAIT_QUESTION, _V3_WAIT_QUESTION) if v3 else text
+    if v3:
+        from .v3_variants import FOREGROUND_V3, replaced  # pylint: disable=import-outside-toplevel
+        text = replaced(text, FOREGROUND_V3, 'the foreground drop-in')
+    return text
 
 
 def render_pidfile_dropin(pid_file: str) -> str:

@@ -13,8 +13,9 @@ from __future__ import annotations
 import typing as t
 from dataclasses import dataclass, field
 
-from .._errors import MpsError
+from .._errors import InvalidParameterError, MpsError
 from .._io import atomic_write, ensure_dir, remove, restorer
+from .._observe.reader import V3_HELP_WORD
 from .._outcome import Outcome
 from .control import send, wait_namespace_idle
 from .decide import LiveChange, live_changes
@@ -98,6 +99,30 @@ def plan_v3(run: V3Run, view: t.Any, *, check_mode: bool) -> V3Outcome:
     for change in changes:
         _live(run, change, out, check_mode=check_mode)
     return out
+
+
+def set_up(setup: t.Any, spec: V3Spec) -> None:
+    """A listed v3 resource's setup (_daemon.manager.DaemonSetup): its daemon asked with v3 words about its server, its
+    container view pointed at the server."""
+    setup.daemon.v3_server = spec.server
+    if setup.container is not None:
+        from .._container import with_engine  # pylint: disable=import-outside-toplevel
+        view = {key: value for key, value in setup.container.items() if key != 'engine'}
+        setup.container = with_engine(spec.container(view, setup.paths.pipe_dir))
+
+
+def plan_for_host(name: str, spec: V3Spec, setup: t.Any, params: t.Mapping[str, t.Any], view: t.Any, *,
+                  check_mode: bool) -> V3Outcome:
+    """mps_host's plan of a v3 resource, in the place of a legacy one's limits; refused where the binary has no v3 (its
+    help, read once in the view)."""
+    daemon = setup.daemon
+    offered = view.offers(daemon.binary, V3_HELP_WORD)
+    if offered is not True:
+        raise InvalidParameterError('protocol', '3 needs MPS v3 (driver r615, CUDA 13.4, and later), and the help of '
+                                    '"%s -p 3 -h" lists no server module: this binary has no MPS v3%s. Nothing was '
+                                    'changed' % (daemon.binary, '' if offered is False else ' (or its help could not be read)'))
+    run = V3Run(spec, name, setup.config, daemon.client, params['busy'], params['busy_timeout'], daemon.sleep)
+    return plan_v3(run, view, check_mode=check_mode)
 
 
 def _live(run: V3Run, change: LiveChange, out: V3Outcome, *, check_mode: bool) -> None:

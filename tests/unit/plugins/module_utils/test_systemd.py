@@ -12,6 +12,7 @@ from ansible_collections.gpufleet.mps.plugins.module_utils._observe.paths import
 from ansible_collections.gpufleet.mps.plugins.module_utils._observe.reader import read_units
 from ansible_collections.gpufleet.mps.plugins.module_utils._observe.view import HostView
 from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor import unit as _systemd
+from ansible_collections.gpufleet.mps.plugins.module_utils._supervisor.v3_variants import DROPIN_V3
 from ansible_collections.gpufleet.mps.plugins.module_utils._errors import InvalidParameterError, MpsError
 
 
@@ -66,7 +67,7 @@ def test_rendered_unit_passes_systemd_analyze_verify_without_any_message(tmp_pat
         dropin_dir.mkdir()
         (dropin_dir / _systemd.FOREGROUND_DROPIN).write_text(_systemd.render_foreground_dropin(30, v3=with_pidfile == 'v3'))
         if with_pidfile == 'v3':  # an MPS v3 resource's: in the foreground, stopped with -q
-            (dropin_dir / _systemd.V3_DROPIN).write_text(_systemd.V3_DROPIN_TEMPLATE)
+            (dropin_dir / _systemd.V3_DROPIN).write_text(DROPIN_V3)
     elif with_pidfile == 'order':
         dropin_dir = unit_dir / 'gpufleet-mps@train.service.d'
         dropin_dir.mkdir()
@@ -318,7 +319,7 @@ def test_the_units_start_and_stop_speak_the_daemons_protocol(simhost, r615, v3):
                                 capture_output=True, text=True, timeout=30, check=False)
         assert waited.returncode == 0, waited.stderr
         # the stop of the unit, or of a v3 resource's drop-in, which replaces it
-        stop_from = _systemd.V3_DROPIN_TEMPLATE if v3 else unit
+        stop_from = DROPIN_V3 if v3 else unit
         stopped = subprocess.run(['/bin/sh', '-c', _unit_shell(stop_from, 'ExecStop')], env=env, capture_output=True, text=True,
                                  timeout=30, check=False)
         for _attempt in range(200):
